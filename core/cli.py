@@ -1,0 +1,104 @@
+"""The `draftsmith` command: one dispatcher over the pipeline stages and the asset cache.
+
+`draftsmith <stage> [hydra overrides]` runs a stage as a Hydra app over `conf/draftsmith.yaml`
+(so `-m` multirun sweeps work); `draftsmith assets list|fetch NAME|all` manages the cache.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+
+# stage -> "module:function" taking a typed Config. Only implemented stages are listed.
+STAGES: dict[str, str] = {}
+
+USAGE = """usage: draftsmith <command> [overrides...]
+
+commands:
+{stages}  assets list            show embedded assets and whether they are cached
+  assets fetch NAME|all  download, verify and cache assets
+
+Overrides are Hydra's: key=value, group=option, -m for sweeps, --cfg job to print the config.
+"""
+
+
+def _usage() -> str:
+    lines = "".join(f"  {name:<22} {_doc(name)}\n" for name in STAGES)
+    return USAGE.format(stages=lines)
+
+
+def _doc(stage: str) -> str:
+    module = STAGES[stage].split(":")[0]
+    doc = (importlib.import_module(module).__doc__ or "").strip().splitlines()
+    return doc[0] if doc else ""
+
+
+def _load(stage: str) -> Callable:
+    module, func = STAGES[stage].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def run_stage(stage: str, overrides: list[str]) -> None:
+    """Run one stage as a Hydra app with the given command-line overrides."""
+    import hydra
+
+    from draftsmith.conf import CONF_DIR
+    from draftsmith.config import CONFIG_NAME, register_schemas, to_typed
+
+    register_schemas()
+    fn = _load(stage)
+
+    @hydra.main(config_path=CONF_DIR, config_name=CONFIG_NAME, version_base="1.3")
+    def app(dict_cfg) -> None:
+        fn(to_typed(dict_cfg))
+
+    sys.argv = [f"draftsmith {stage}", *overrides, f"stage={stage}"]
+    app()
+
+
+def assets_main(args: list[str]) -> int:
+    from draftsmith import assets
+
+    if not args or args[0] not in ("list", "fetch"):
+        print("usage: draftsmith assets list | fetch NAME|all [--force]", file=sys.stderr)
+        return 2
+    if args[0] == "list":
+        rows = assets.listing()
+        print(f"cache: {assets.cache_root()}")
+        print(f"{'name':<24}{'kind':<8}{'source':<34}{'cached':<8}description")
+        for r in rows:
+            print(
+                f"{r['name']:<24}{r['kind']:<8}{r['source']:<34}"
+                f"{'yes' if r['cached'] else 'no':<8}{r['description']}"
+            )
+        return 0
+    names = [a for a in args[1:] if not a.startswith("--")]
+    if not names:
+        print("usage: draftsmith assets fetch NAME|all", file=sys.stderr)
+        return 2
+    if names == ["all"]:
+        names = list(assets.ASSETS)
+    for name in names:
+        path = assets.fetch(name, force="--force" in args)
+        print(f"{name}: {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "assets":
+        return assets_main(rest)
+    if command not in STAGES:
+        print(f"draftsmith: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    run_stage(command, rest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Hydra glue: register the schemas, compose configs, and convert them once to dataclasses.
+
+Only the CLI entry points and tests call this module; everything downstream receives the typed
+`Config` dataclass, never a DictConfig.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from draftsmith.conf import CONF_DIR
+from draftsmith.conf.schema import Config, DataConfig, TargetConfig
+
+CONFIG_NAME = "draftsmith"
+
+
+def register_schemas() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="draftsmith_schema", node=Config)
+    cs.store(group="target", name="target_schema", node=TargetConfig)
+    cs.store(group="data", name="data_schema", node=DataConfig)
+
+
+def _unknown_keys(raw: Any, typed: Any, where: str) -> list[str]:
+    """Keys present in the composed config but absent from the dataclass (to_object drops them)."""
+    if not isinstance(raw, dict) or not dataclasses.is_dataclass(typed):
+        return []
+    names = {f.name for f in dataclasses.fields(typed)}
+    unknown = [f"{where}{k}" for k in raw if k not in names]
+    for k in raw:
+        if k in names:
+            unknown += _unknown_keys(raw[k], getattr(typed, k), f"{where}{k}.")
+    return unknown
+
+
+def to_typed(cfg: DictConfig) -> Config:
+    """DictConfig -> Config dataclass; fail loudly on keys the schema does not know."""
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    typed = OmegaConf.to_object(cfg)
+    if not isinstance(typed, Config):
+        raise TypeError(f"composed config is {type(typed).__name__}, expected Config")
+    unknown = _unknown_keys(raw, typed, "")
+    if unknown:
+        raise ValueError(f"unknown config keys (typo or missing schema field?): {unknown}")
+    return typed
+
+
+def compose(overrides: list[str] | None = None) -> Config:
+    """Compose the config as the CLI would (for tests and notebooks)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_schemas()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return to_typed(hydra_compose(config_name=CONFIG_NAME, overrides=overrides or []))

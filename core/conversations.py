@@ -1,0 +1,225 @@
+"""Read conversations from any supported source into one `Conversation` type.
+
+Sources: ShareGPT JSON/JSONL (`conversations: [{from, value}]`), OpenAI messages JSONL
+(`messages: [{role, content}]`), plain text rows (`text`), MT-bench (`turns`), HumanEval
+(`prompt`), HF datasets saved on disk or on the hub, and the embedded data assets by name.
+Malformed rows are skipped with their index and reason counted in a `ReadReport`, never silently.
+A JSON array cut off mid-record (the embedded ShareGPT file is) keeps every complete record.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftsmith.assets import ASSETS, asset_path
+
+ROLE_ALIASES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
+    "bing": "assistant",
+    "system": "system",
+}
+
+
+@dataclass
+class Turn:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+@dataclass
+class Conversation:
+    id: str
+    turns: list[Turn]
+
+    def user_prompts(self) -> list[str]:
+        return [t.content for t in self.turns if t.role == "user"]
+
+    def to_messages(self) -> list[dict[str, str]]:
+        return [{"role": t.role, "content": t.content} for t in self.turns]
+
+
+@dataclass
+class ReadReport:
+    """What a read kept, what it skipped and why."""
+
+    source: str
+    rows_seen: int = 0
+    rows_kept: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)  # first few "row <id>: <reason>"
+    truncated_bytes: int = 0  # bytes after the last complete record of a cut-off JSON array
+
+    def skip(self, row: Any, reason: str) -> None:
+        self.skipped[reason.split(":")[0]] += 1
+        if len(self.examples) < 20:
+            self.examples.append(f"row {row}: {reason}")
+
+    def summary(self) -> str:
+        text = f"{self.source}: kept {self.rows_kept}/{self.rows_seen} rows"
+        if self.skipped:
+            text += f"; skipped {dict(self.skipped)}"
+        if self.truncated_bytes:
+            text += (
+                f"; file truncated: {self.truncated_bytes} trailing bytes of an incomplete record"
+            )
+        return text
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "rows_seen": self.rows_seen,
+            "rows_kept": self.rows_kept,
+            "skipped": dict(self.skipped),
+            "examples": self.examples,
+            "truncated_bytes": self.truncated_bytes,
+        }
+
+
+class RowError(ValueError):
+    """A row that cannot become a conversation; the message is the reason."""
+
+
+def _turns_from(items: Any, role_key: str, content_key: str) -> list[Turn]:
+    if not isinstance(items, list):
+        raise RowError(f"not a list: {type(items).__name__}")
+    turns = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise RowError(f"turn {i} is not an object")
+        role = ROLE_ALIASES.get(str(item.get(role_key, "")).lower())
+        if role is None:
+            raise RowError(f"unknown role: turn {i} has {role_key}={item.get(role_key)!r}")
+        content = item.get(content_key)
+        if not isinstance(content, str):
+            raise RowError(
+                f"non-string content: turn {i} {content_key} is {type(content).__name__}"
+            )
+        turns.append(Turn(role, content))
+    return turns
+
+
+def parse_row(row: Any, index: int) -> Conversation:
+    """One raw record -> Conversation, or RowError with the reason."""
+    if not isinstance(row, dict):
+        raise RowError(f"not an object: {type(row).__name__}")
+    row_id = str(row.get("id", row.get("question_id", row.get("task_id", index))))
+    if "conversations" in row:
+        items = row["conversations"]
+        keys = ("from", "value")
+        if isinstance(items, list) and items and isinstance(items[0], dict) and "role" in items[0]:
+            keys = ("role", "content")
+        turns = _turns_from(items, *keys)
+    elif "messages" in row:
+        turns = _turns_from(row["messages"], "role", "content")
+    elif "turns" in row:  # MT-bench: user turns only
+        if not all(isinstance(t, str) for t in row["turns"] or [None]):
+            raise RowError("non-string content: MT-bench turns")
+        turns = [Turn("user", t) for t in row["turns"]]
+    elif "prompt" in row:  # HumanEval: complete the function
+        if not isinstance(row["prompt"], str):
+            raise RowError("non-string content: prompt")
+        turns = [Turn("user", row["prompt"])]
+    elif "text" in row:
+        if not isinstance(row["text"], str):
+            raise RowError("non-string content: text")
+        turns = [Turn("user", row["text"])]
+    else:
+        raise RowError(f"unknown format: keys {sorted(row)[:6]}")
+    if not turns or all(not t.content.strip() for t in turns):
+        raise RowError("empty conversation")
+    return Conversation(row_id, turns)
+
+
+def _iter_json_array(text: str, report: ReadReport):
+    """Yield records of a JSON array one by one; stop cleanly at a cut-off final record."""
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    end = len(text)
+    while True:
+        while pos < end and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= end or text[pos] == "]":
+            return
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            report.truncated_bytes = len(text[pos:].encode("utf-8"))
+            return
+        yield record
+
+
+def _iter_records(path: Path, report: ReadReport):
+    opener = gzip.open if path.suffix == ".gz" else open
+    name = path.name.removesuffix(".gz")
+    with opener(path, "rt", encoding="utf-8") as f:
+        if name.endswith(".jsonl"):
+            for line_no, line in enumerate(f):
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as err:
+                    yield RowError(f"invalid JSON: line {line_no + 1}: {err.msg}")
+        else:
+            text = f.read()
+            if text.lstrip().startswith("["):
+                yield from _iter_json_array(text, report)
+            else:
+                yield json.loads(text)
+
+
+def _iter_dataset(source: str):
+    import datasets
+
+    if Path(source).is_dir():
+        ds = datasets.load_from_disk(source)
+    else:
+        ds = datasets.load_dataset(source)
+    if isinstance(ds, datasets.DatasetDict):
+        ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+    yield from ds
+
+
+# Files `datasets.save_to_disk` writes: such a folder is an Arrow dataset, not loose JSON files.
+_DATASET_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+
+
+def read_conversations(
+    source: str, limit: int | None = None
+) -> tuple[list[Conversation], ReadReport]:
+    """Read up to `limit` valid conversations from a file, folder, HF dataset or asset name."""
+    path = asset_path(source) if source in ASSETS else Path(source)
+    report = ReadReport(source=str(source))
+    if path.is_file():
+        records = _iter_records(path, report)
+    elif path.is_dir() and any((path / f).exists() for f in _DATASET_MARKERS):
+        records = _iter_dataset(str(path))
+    elif path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.name.endswith((".json", ".jsonl", ".gz")))
+        records = (r for p in files for r in _iter_records(p, report))
+    else:
+        records = _iter_dataset(str(source))
+    conversations: list[Conversation] = []
+    for index, record in enumerate(records):
+        if limit is not None and len(conversations) >= limit:
+            break
+        report.rows_seen += 1
+        try:
+            if isinstance(record, RowError):
+                raise record
+            conversations.append(parse_row(record, index))
+        except RowError as err:
+            report.skip(index, str(err))
+    report.rows_kept = len(conversations)
+    return conversations, report

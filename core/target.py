@@ -1,0 +1,96 @@
+"""Load a target causal LM (local folder, hub id, embedded asset or the tiny test target).
+
+This is the one place that turns a user's `target.path` into a model and tokenizer, so every
+stage agrees on dtype handling, `trust_remote_code` (off unless asked) and error messages.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from draftsmith.assets import ASSETS, AssetError, asset_path
+from draftsmith.tiny import TINY_NAME, tiny_target_path
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_target_path(name_or_path: str) -> str:
+    """Asset name -> cached folder; `tiny-random-llama` -> built tiny target; else unchanged."""
+    if name_or_path == TINY_NAME:
+        return str(tiny_target_path())
+    if name_or_path in ASSETS:
+        if ASSETS[name_or_path].kind != "target":
+            raise AssetError(f"asset {name_or_path!r} is data, not a target model")
+        return str(asset_path(name_or_path))
+    return name_or_path
+
+
+def target_name(name_or_path: str) -> str:
+    """A stable, human-readable name for indexes and exported configs."""
+    if name_or_path == TINY_NAME or name_or_path in ASSETS:
+        return name_or_path
+    path = Path(name_or_path)
+    return path.name if path.exists() else name_or_path
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    path = resolve_target_path(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_target(
+    name_or_path: str,
+    dtype: str = "float32",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = "sdpa",
+):
+    """Load a frozen target model in eval mode.
+
+    Args:
+        name_or_path: local folder, hub id, asset name, or `tiny-random-llama`.
+        dtype: "float32" | "bfloat16" | "float16".
+        device: "cpu" or "cuda[:n]".
+        trust_remote_code: run model code shipped with the checkpoint (off by default).
+        attn_implementation: transformers attention backend name.
+
+    Returns:
+        The model (requires_grad off everywhere).
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_target_path(name_or_path)
+    local = os.path.isdir(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=torch_dtype(dtype),
+            trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation,
+            local_files_only=local,
+        )
+    except OSError as err:
+        raise AssetError(
+            f"could not load target {name_or_path!r}: not a local folder with config.json, and the "
+            f"hub is not reachable or has no such model. Embedded targets: "
+            f"{[a for a, v in ASSETS.items() if v.kind == 'target']} "
+            f"(`draftsmith assets fetch NAME`) or {TINY_NAME!r}. ({err})"
+        ) from err
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model

@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny random Llama targets built on CPU, no network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftsmith.tiny import build_tiny_llama, tiny_target_path
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir() -> Path:
+    """The cached default tiny target (4 layers, hidden 64, byte tokenizer, ChatML)."""
+    return tiny_target_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_target_dir: Path):
+    from draftsmith.target import load_target
+
+    return load_target(str(tiny_target_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_target_dir: Path):
+    from draftsmith.target import load_tokenizer
+
+    return load_tokenizer(str(tiny_target_dir))
+
+
+@pytest.fixture
+def make_tiny(tmp_path: Path):
+    """Build a tiny target with custom settings (e.g. another chat template)."""
+
+    def _make(**kwargs) -> Path:
+        return build_tiny_llama(tmp_path / f"tiny-{len(list(tmp_path.iterdir()))}", **kwargs)
+
+    return _make

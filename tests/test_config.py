@@ -1,0 +1,48 @@
+"""Every config in conf/ composes into the typed schema; bad overrides fail loudly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from draftsmith.conf import CONF_DIR
+from draftsmith.conf.schema import Config
+from draftsmith.config import compose
+
+GROUPS = sorted(p.name for p in Path(CONF_DIR).iterdir() if p.is_dir() and p.name != "__pycache__")
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "override", [f"{g}={o}" for g in GROUPS for o in _options(g)], ids=lambda s: s
+)
+def test_every_option_composes(override: str) -> None:
+    cfg = compose([override])
+    assert isinstance(cfg, Config)
+
+
+def test_default_composes_to_embedded_target() -> None:
+    cfg = compose()
+    assert cfg.target.path == "smollm2-135m-instruct"
+    assert cfg.data.path == "sharegpt"
+    assert cfg.stage_dir("train") == "runs/default/train"
+
+
+def test_unknown_plus_key_fails() -> None:
+    with pytest.raises(ValueError, match="unknown config keys.*foo"):
+        compose(["+foo=1"])
+
+
+def test_unknown_nested_key_fails() -> None:
+    with pytest.raises(Exception, match="nope"):
+        compose(["data.nope=3"])
+
+
+@pytest.mark.parametrize("override", ["dtype=float8", "tracking=mlflow", "data.template=jinja"])
+def test_bad_enum_fails(override: str) -> None:
+    with pytest.raises(Exception, match=override.split("=")[1]):
+        compose([override])

@@ -1,0 +1,108 @@
+"""Conversation readers: every format, malformed rows counted, truncated ShareGPT salvaged."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from draftsmith.conversations import read_conversations
+
+SHAREGPT = [
+    {
+        "id": "a",
+        "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}],
+    },
+    {
+        "id": "b",
+        "conversations": [
+            {"from": "human", "value": "q"},
+            {"from": "gpt", "value": "r"},
+            {"from": "human", "value": "q2"},
+            {"from": "gpt", "value": "r2"},
+        ],
+    },
+    {"id": "c", "conversations": [{"from": "alien", "value": "??"}]},
+    {"id": "d", "conversations": []},
+    {"id": "e", "conversations": [{"from": "human", "value": 3}]},
+    {
+        "id": "f",
+        "conversations": [
+            {"from": "system", "value": "be nice"},
+            {"from": "human", "value": "x"},
+            {"from": "gpt", "value": "y"},
+        ],
+    },
+]
+
+
+def test_truncated_sharegpt_keeps_complete_records(tmp_path: Path) -> None:
+    text = json.dumps(SHAREGPT, indent=2)
+    cut = text[: text.index('"id": "f"') + 30]  # cut mid-record, as the embedded file is
+    path = tmp_path / "sg.json"
+    path.write_text(cut)
+    convs, report = read_conversations(str(path))
+    assert [c.id for c in convs] == ["a", "b"]
+    assert report.rows_seen == 5 and report.rows_kept == 2
+    assert report.skipped == {"unknown role": 1, "empty conversation": 1, "non-string content": 1}
+    assert report.truncated_bytes == len(cut[cut.index('{\n    "id": "f"') :].encode())
+    assert "truncated" in report.summary()
+    assert convs[1].turns[3].role == "assistant" and convs[1].turns[3].content == "r2"
+
+
+def test_complete_sharegpt_and_limit(tmp_path: Path) -> None:
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(SHAREGPT))
+    convs, report = read_conversations(str(path))
+    assert [c.id for c in convs] == ["a", "b", "f"] and report.truncated_bytes == 0
+    assert convs[2].turns[0].role == "system"
+    convs, _ = read_conversations(str(path), limit=1)
+    assert [c.id for c in convs] == ["a"]
+
+
+def test_openai_messages_jsonl_with_bad_lines(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    rows = [
+        json.dumps(
+            {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+        ),
+        "{not json",
+        json.dumps({"weird": 1}),
+        json.dumps({"text": "plain text row"}),
+        json.dumps({"conversations": [{"role": "user", "content": "sf"}]}),
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    convs, report = read_conversations(str(path))
+    assert [c.turns[0].content for c in convs] == ["u", "plain text row", "sf"]
+    assert report.skipped == {"invalid JSON": 1, "unknown format": 1}
+    assert any(e.startswith("row 1:") for e in report.examples)
+
+
+def test_mtbench_and_humaneval_formats(tmp_path: Path) -> None:
+    mt = tmp_path / "question.jsonl"
+    mt.write_text(json.dumps({"question_id": 81, "category": "w", "turns": ["t1", "t2"]}) + "\n")
+    convs, _ = read_conversations(str(mt))
+    assert convs[0].id == "81" and convs[0].user_prompts() == ["t1", "t2"]
+    he = tmp_path / "HumanEval.jsonl.gz"
+    with gzip.open(he, "wt") as f:
+        f.write(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n"}) + "\n")
+    convs, _ = read_conversations(str(he))
+    assert convs[0].id == "HumanEval/0" and convs[0].user_prompts() == ["def f():\n"]
+
+
+def test_hf_dataset_on_disk(tmp_path: Path) -> None:
+    import datasets
+
+    ds = datasets.Dataset.from_list(
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": "hello"},
+                    {"role": "assistant", "content": "hi"},
+                ]
+            }
+        ]
+    )
+    ds.save_to_disk(str(tmp_path / "ds"))
+    convs, report = read_conversations(str(tmp_path / "ds"))
+    assert report.rows_kept == 1 and convs[0].turns[1].content == "hi"
