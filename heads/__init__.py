@@ -1,0 +1,60 @@
+"""Draft heads. `HEADS` maps a head name to its (config class, head class); adding a head is one
+file, one line here, one conf/head/<name>.yaml and one test file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftsmith.heads.base import (
+    DraftHead,
+    HeadBatch,
+    HeadConfig,
+    TargetInfo,
+    TargetParts,
+    load_weights,
+    read_head_config,
+)
+from draftsmith.heads.eagle1 import Eagle1Config, Eagle1Head
+from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.heads.hydra import HydraConfig, HydraHead
+from draftsmith.heads.medusa import MedusaConfig, MedusaHead
+
+HEADS: dict[str, tuple[type[HeadConfig], type[DraftHead]]] = {
+    "eagle1": (Eagle1Config, Eagle1Head),
+    "eagle3": (Eagle3Config, Eagle3Head),
+    "medusa": (MedusaConfig, MedusaHead),
+    "hydra": (HydraConfig, HydraHead),
+}
+
+
+def build_head(config: HeadConfig | dict, target: TargetInfo) -> DraftHead:
+    """Build a head from its config (dataclass or plain dict with a `name`) and the target info."""
+    name = config["name"] if isinstance(config, dict) else config.name
+    if name not in HEADS:
+        raise ValueError(f"unknown head {name!r}; known: {sorted(HEADS)}")
+    config_class, head_class = HEADS[name]
+    if isinstance(config, dict):
+        config = config_class(**config)
+    return head_class(config, target)
+
+
+def load_head(folder: str | Path, target: TargetInfo | None = None) -> DraftHead:
+    """Load a head folder (config.json + model.safetensors); refuse one built for another target."""
+    data = read_head_config(folder)
+    built_for = TargetInfo(**data["target"])
+    if target is not None:
+        built_for.check_compatible(target, f"head {folder}")
+    head = build_head({**data["head_config"], "name": data["draftsmith_head"]}, built_for)
+    return load_weights(head, folder)
+
+
+__all__ = [
+    "HEADS",
+    "DraftHead",
+    "HeadBatch",
+    "HeadConfig",
+    "TargetInfo",
+    "TargetParts",
+    "build_head",
+    "load_head",
+]

@@ -1,0 +1,110 @@
+"""What EAGLE-1 and EAGLE-3 share: a draft that steps token by token with its own KV cache,
+and the training-time-test (TTT) loss that unrolls it k steps on its own hidden states.
+
+Indexing (both heads): the draft input at anchor position t pairs a feature of position t with
+token t+1 and predicts token t+2. Unrolled step i at anchor t reads the step i-1 output and token
+t+i+1, sits at position t+i, and predicts token t+i+2, whose target distribution is the target's
+state at position t+i+1. Step i attends to the step-0 entries of positions <= t and to its own
+earlier steps at anchor t, which is exactly what drafting i tokens ahead sees at inference.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+from torch import nn
+
+from draftsmith.heads.base import DraftHead, HeadBatch, shifted, simulated_tau
+from draftsmith.heads.blocks import KVCache
+
+
+class AutoregressiveHead(DraftHead):
+    """Base of EAGLE heads. Subclasses define `layers`, the feature/token fusion and the logits."""
+
+    kind = "autoregressive"
+    layers: nn.ModuleList
+
+    # ---- what subclasses define ----------------------------------------------------------
+    @abstractmethod
+    def feature_input(self, hidden: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
+        """Target features [B, N, H] (+ aux [B, N, 3H]) -> the draft's hidden input [B, N, H]."""
+
+    def fuse(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """Mix token embeddings into the hidden stream before the layers (EAGLE-1's fc)."""
+        return hidden
+
+    @abstractmethod
+    def draft_logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
+        """Layer output [.., H] -> logits over the draft vocabulary [.., Vd]."""
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids
+
+    @abstractmethod
+    def step_loss(
+        self, i: int, hidden_out: torch.Tensor, batch: HeadBatch, select: torch.Tensor, cache: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss sum and top-1 agreements of unrolled step i over the `select`ed anchors [B, T]."""
+
+    # ---- drafting (inference) ------------------------------------------------------------
+    def new_cache(self) -> KVCache:
+        return KVCache()
+
+    def step(
+        self,
+        hidden_in: torch.Tensor,  # [B, N, H] feature_input(...) or a parent's step output
+        tokens: torch.Tensor,  # [B, N] the token paired with each input
+        positions: torch.Tensor,  # [B, N]
+        cache: KVCache,
+        mask: torch.Tensor | None = None,  # [N, cache_len + N] bool; None = causal
+    ) -> torch.Tensor:
+        """Run the draft layers on N new inputs, appending them to `cache`. Returns [B, N, H]."""
+        embeds = self.parts.embed_tokens(tokens)
+        hidden = self.fuse(hidden_in, embeds)
+        for index, layer in enumerate(self.layers):
+            hidden, _ = layer(hidden, embeds, positions, cache, index, mask)
+        return hidden
+
+    # ---- training ------------------------------------------------------------------------
+    def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        B, T = batch.input_ids.shape
+        valid = batch.valid()
+        positions = torch.arange(T, device=batch.input_ids.device).expand(B, T)
+        hidden = self.feature_input(batch.hidden, batch.aux)
+        base_kv: list = []
+        diag_kv: list[list] = [[] for _ in self.layers]
+        scratch: dict = {}  # per-batch values a subclass computes once for all steps
+        total = hidden.new_zeros((), dtype=torch.float32)
+        metrics: dict[str, float] = {}
+        accs = []
+        for i in range(cfg.ttt_steps):
+            tokens = shifted(batch.input_ids, i + 1)
+            embeds = self.parts.embed_tokens(tokens)
+            hidden = self.fuse(hidden, embeds)
+            for index, layer in enumerate(self.layers):
+                if i == 0:
+                    hidden, kv = layer(hidden, embeds, positions)
+                    base_kv.append(kv)
+                else:
+                    hidden, kv = layer.ttt_forward(
+                        hidden, embeds, positions + i, base_kv[index], diag_kv[index]
+                    )
+                    diag_kv[index].append(kv)
+            # anchors whose predicted token (t+i+2) exists and is an assistant token
+            select = (
+                valid & shifted(valid, i + 2, False) & shifted(batch.loss_mask.bool(), i + 2, False)
+            )
+            count = select.sum()
+            loss_sum, correct = self.step_loss(i, hidden, batch, select, scratch)
+            step_loss = loss_sum / count.clamp_min(1)
+            total = total + (cfg.step_decay**i) * step_loss
+            acc = (correct.float() / count.clamp_min(1)).item()
+            accs.append(acc)
+            metrics[f"loss_{i}"] = step_loss.item()
+            metrics[f"acc_{i}"] = acc
+            metrics[f"count_{i}"] = float(count.item())
+        metrics["loss"] = total.item()
+        metrics["sim_tau"] = simulated_tau(accs)
+        return total, metrics

@@ -1,0 +1,283 @@
+"""The interface every draft head implements, and the types it shares with train/ and inference/.
+
+A head is built from its own small config plus `TargetInfo` (dimensions read from the target's
+config, never duplicated in YAML). The target's embedding, final norm and lm_head are bound by
+reference with `bind()`: frozen, not parameters of the head, never in its checkpoint.
+
+Feature convention: `hidden` is the output of the target's last decoder layer *before* the final
+norm, `aux` the concatenated outputs of the EAGLE-3 layers; position t holds the state after
+reading token t, i.e. the state that predicts token t+1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass
+class TargetInfo:
+    """What a head needs to know about its target, read from the target's HF config."""
+
+    hidden_size: int
+    vocab_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    hidden_act: str = "silu"
+    name: str = ""
+
+    @classmethod
+    def from_hf_config(cls, config: Any, name: str = "") -> TargetInfo:
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        heads = config.num_attention_heads
+        return cls(
+            hidden_size=config.hidden_size,
+            vocab_size=config.vocab_size,
+            num_layers=config.num_hidden_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            intermediate_size=config.intermediate_size,
+            rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            max_position_embeddings=config.max_position_embeddings,
+            hidden_act=getattr(config, "hidden_act", "silu"),
+            name=name or getattr(config, "_name_or_path", ""),
+        )
+
+    def check_compatible(self, other: TargetInfo, what: str) -> None:
+        """Refuse a head built for another target, naming the mismatching dimensions."""
+        keys = ("hidden_size", "vocab_size", "num_layers")
+        diff = {
+            k: (getattr(self, k), getattr(other, k))
+            for k in keys
+            if getattr(self, k) != getattr(other, k)
+        }
+        if diff:
+            detail = ", ".join(f"{k}: head has {a}, target has {b}" for k, (a, b) in diff.items())
+            raise ValueError(f"{what} was built for another target ({detail})")
+
+
+@dataclass
+class TargetParts:
+    """Frozen target modules a head uses by reference (never copied into the head)."""
+
+    embed_tokens: nn.Module
+    norm: nn.Module
+    lm_head: nn.Module
+
+    @classmethod
+    def from_model(cls, model: nn.Module) -> TargetParts:
+        return cls(model.get_input_embeddings(), model.model.norm, model.get_output_embeddings())
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Target logits from pre-norm features: lm_head(norm(hidden))."""
+        return self.lm_head(self.norm(hidden))
+
+
+@dataclass
+class HeadBatch:
+    """One training batch of target features, right-padded to a common length T."""
+
+    input_ids: torch.Tensor  # [B, T] int64
+    loss_mask: torch.Tensor  # [B, T] 1 where token t is an assistant token to predict
+    hidden: torch.Tensor  # [B, T, H] last decoder layer output, before the final norm
+    aux: torch.Tensor | None = None  # [B, T, 3H] EAGLE-3 low/mid/high layer outputs
+    lengths: torch.Tensor | None = None  # [B] valid tokens per row (None: all valid)
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> HeadBatch:
+        def move(t: torch.Tensor | None, float_like: bool) -> torch.Tensor | None:
+            if t is None:
+                return None
+            return t.to(device=device, dtype=dtype if (float_like and dtype) else t.dtype)
+
+        return HeadBatch(
+            move(self.input_ids, False),
+            move(self.loss_mask, False),
+            move(self.hidden, True),
+            move(self.aux, True),
+            move(self.lengths, False),
+        )
+
+    def valid(self) -> torch.Tensor:
+        """[B, T] bool: real (non-padding) positions."""
+        B, T = self.input_ids.shape
+        if self.lengths is None:
+            return torch.ones(B, T, dtype=torch.bool, device=self.input_ids.device)
+        return torch.arange(T, device=self.input_ids.device)[None, :] < self.lengths[:, None]
+
+
+@dataclass
+class HeadConfig:
+    """Fields every head config has; each head adds its own."""
+
+    name: str = ""
+
+
+def shifted(x: torch.Tensor, k: int, fill: float | int = 0) -> torch.Tensor:
+    """x shifted left by k along dim 1 (position t gets x[t + k]); the tail is `fill`."""
+    if k == 0:
+        return x
+    out = torch.full_like(x, fill)
+    if k < x.shape[1]:
+        out[:, : x.shape[1] - k] = x[:, k:]
+    return out
+
+
+def soft_cross_entropy(
+    logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Mean over masked positions of -sum p_target * log_softmax(logits); 0 (not NaN) if empty."""
+    per_pos = -(target_probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
+    mask = mask.to(per_pos.dtype)
+    return (per_pos * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def simulated_tau(step_accuracies: list[float]) -> float:
+    """1 + sum_k prod_{j<=k} acc_j: the chain acceptance length the step accuracies imply."""
+    tau, running = 1.0, 1.0
+    for acc in step_accuracies:
+        running *= acc
+        tau += running
+    return tau
+
+
+class DraftHead(nn.Module, ABC):
+    """Base class of all draft heads.
+
+    Subclasses set `name`, `config_class` and `kind` ("autoregressive" heads draft one depth at a
+    time with their own KV cache; "parallel" heads propose every depth from one target state).
+    """
+
+    name: ClassVar[str]
+    kind: ClassVar[str]
+    config_class: ClassVar[type[HeadConfig]]
+
+    def __init__(self, config: HeadConfig, target: TargetInfo) -> None:
+        super().__init__()
+        self.config = config
+        self.target = target
+
+    def bind(self, parts: TargetParts) -> DraftHead:
+        """Attach the frozen target modules by reference (kept out of parameters/state_dict)."""
+        for module in (parts.embed_tokens, parts.norm, parts.lm_head):
+            module.requires_grad_(False)
+        object.__setattr__(self, "_parts", parts)
+        return self
+
+    @property
+    def parts(self) -> TargetParts:
+        parts = getattr(self, "_parts", None)
+        if parts is None:
+            raise RuntimeError(f"{self.name} head is not bound to a target: call head.bind(parts)")
+        return parts
+
+    @abstractmethod
+    def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Training loss and metrics (must include `acc_0..acc_{k-1}` per draft depth)."""
+
+    # ---- persistence: config.json + model.safetensors --------------------------------------
+    def config_dict(self) -> dict[str, Any]:
+        return {
+            "draftsmith_head": self.name,
+            "head_config": dataclasses.asdict(self.config),
+            "target": dataclasses.asdict(self.target),
+        }
+
+    def save(self, folder: str | Path) -> Path:
+        """Write config.json + model.safetensors atomically (a temp folder renamed into place)."""
+        folder = Path(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
+        (staging / CONFIG_FILE).write_text(json.dumps(self.config_dict(), indent=2))
+        if folder.exists():
+            old = folder.with_name(f".{folder.name}-old")
+            os.replace(folder, old)
+            os.replace(staging, folder)
+            import shutil
+
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, folder)
+        return folder
+
+
+def read_head_config(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / CONFIG_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not a draftsmith head folder (no {CONFIG_FILE})")
+    data = json.loads(path.read_text())
+    if "draftsmith_head" not in data:
+        raise ValueError(
+            f"{path}: no 'draftsmith_head' key; import foreign heads with `draftsmith export` import formats"
+        )
+    return data
+
+
+def load_weights(head: DraftHead, folder: str | Path) -> DraftHead:
+    state = load_file(str(Path(folder) / WEIGHTS_FILE))
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{folder}: weights do not fit the {head.name} head: "
+            f"missing {missing}, unexpected {unexpected}"
+        )
+    return head
+
+
+def distill_selected(
+    draft_hidden: torch.Tensor,  # [M, H] draft states at the selected positions
+    target_hidden: torch.Tensor,  # [M, H] target states (pre-final-norm) that define the labels
+    draft_logits_fn,  # [m, H] -> [m, V] logits over the same vocab as the target's
+    parts: TargetParts,
+    chunk: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of soft cross-entropies against the full-vocab target distribution, and the number of
+    top-1 agreements, over M selected positions.
+
+    Chunks are recomputed in backward (activation checkpointing) so peak memory holds one
+    [chunk, V] block instead of [M, V]: with V = 49k that is the difference between fitting and not.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    def block(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = draft_logits_fn(h).float()
+        with torch.no_grad():
+            target_logits = parts.logits(t).float()
+            probs = torch.softmax(target_logits, dim=-1)
+            agree = (logits.argmax(-1) == target_logits.argmax(-1)).sum()
+        return -(probs * torch.log_softmax(logits, dim=-1)).sum(), agree
+
+    total = draft_hidden.new_zeros((), dtype=torch.float32)
+    correct = torch.zeros((), dtype=torch.long, device=draft_hidden.device)
+    for s in range(0, draft_hidden.shape[0], chunk):
+        h, t = draft_hidden[s : s + chunk], target_hidden[s : s + chunk]
+        if torch.is_grad_enabled() and h.requires_grad:
+            loss, agree = checkpoint(block, h, t, use_reentrant=False)
+        else:
+            loss, agree = block(h, t)
+        total = total + loss
+        correct = correct + agree
+    return total, correct

@@ -1,0 +1,117 @@
+"""EAGLE-3 head: fused low/mid/high target features, one 2H-input decoder layer, its own
+lm_head over a reduced draft vocabulary, trained with training-time test (TTT).
+
+    x_in   = fc(concat(aux_low, aux_mid, aux_high))                 # [.., H], fc: 3H -> H
+    a      = concat(input_layernorm(embed(token)), hidden_norm(x_in)) # [.., 2H]
+    x      = x_in + o_proj(attn(q/k/v_proj(a)));  x = x + mlp(post_attention_layernorm(x))
+    logits = lm_head(norm(x))                                         # [.., draft_vocab]
+The next drafting step reads x (pre-norm). Module names follow the official checkpoint layout
+(`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`) so export is a rename-free copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.heads.autoregressive import AutoregressiveHead
+from draftsmith.heads.base import HeadBatch, HeadConfig, TargetInfo, shifted
+from draftsmith.heads.blocks import DraftDecoderLayer, LlamaRMSNorm
+from draftsmith.heads.vocab import build_vocab_mapping
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """Low/mid/high layers as EAGLE/vLLM pick them, in our convention (see Eagle3Config)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+@dataclass
+class Eagle3Config(HeadConfig):
+    name: str = "eagle3"
+    # target layers whose *input* is fused ("input of layer k" = HF hidden_states[k] = output of
+    # layer k-1); empty = [2, n//2, n-3], the EAGLE/vLLM default. Exports translate per server.
+    aux_layers: list[int] = field(default_factory=list)
+    # size of the reduced draft vocabulary (0 = the target's full vocabulary)
+    draft_vocab_size: int = 8192
+    # unrolled training-time-test steps, and the weight decay^i of step i
+    ttt_steps: int = 7
+    step_decay: float = 0.8
+
+    def __post_init__(self) -> None:
+        if self.ttt_steps < 1:
+            raise ValueError(f"ttt_steps={self.ttt_steps} must be >= 1")
+
+
+class Eagle3Head(AutoregressiveHead):
+    name = "eagle3"
+    config_class = Eagle3Config
+
+    def __init__(self, config: Eagle3Config, target: TargetInfo) -> None:
+        if not config.aux_layers:
+            config.aux_layers = default_aux_layers(target.num_layers)
+        bad = [k for k in config.aux_layers if not 1 <= k <= target.num_layers]
+        if bad:
+            raise ValueError(f"aux_layers {bad} out of range 1..{target.num_layers}")
+        if config.draft_vocab_size <= 0 or config.draft_vocab_size > target.vocab_size:
+            config.draft_vocab_size = target.vocab_size
+        super().__init__(config, target)
+        H = target.hidden_size
+        self.fc = nn.Linear(len(config.aux_layers) * H, H, bias=False)
+        self.midlayer = DraftDecoderLayer(target, fuse_token=True)
+        self.norm = LlamaRMSNorm(H, eps=target.rms_norm_eps)
+        self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
+        # identity mapping over the first Vd ids until set_vocab() sees real token counts
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
+        t2d = torch.zeros(target.vocab_size, dtype=torch.bool)
+        t2d[: config.draft_vocab_size] = True
+        self.register_buffer("t2d", t2d)
+
+    @property
+    def layers(self) -> nn.ModuleList:  # type: ignore[override]
+        return nn.ModuleList([self.midlayer])
+
+    def set_vocab(self, counts: torch.Tensor) -> None:
+        """Pick the draft vocabulary from token counts [V] under the loss mask."""
+        d2t, t2d = build_vocab_mapping(counts, self.config.draft_vocab_size)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def draft_token_ids(self) -> torch.Tensor:
+        """[Vd] target ids of the draft vocabulary, in draft-id order."""
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
+    def feature_input(self, hidden: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
+        if aux is None:
+            raise ValueError("the eagle3 head needs aux features (collect with the eagle3 layers)")
+        return self.fc(aux)
+
+    def draft_logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden_out))
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def step_loss(self, i, hidden_out, batch: HeadBatch, select, scratch):
+        if not scratch:
+            # once per batch: the target's distribution restricted to the draft vocab, and its
+            # full-vocab top-1 (chunked: [B, T, V] logits would not fit for real vocabularies)
+            with torch.no_grad():
+                normed = self.parts.norm(batch.hidden)
+                weight = self.parts.lm_head.weight[self.draft_token_ids()]  # [Vd, H]
+                scratch["probs"] = torch.softmax(F.linear(normed, weight).float(), dim=-1)
+                scratch["top"] = torch.cat(
+                    [self.parts.lm_head(chunk).argmax(-1) for chunk in normed.split(256, dim=1)],
+                    dim=1,
+                )  # [B, T]
+        top = shifted(scratch["top"], i + 1)  # target's top-1 for the predicted token
+        probs = shifted(scratch["probs"], i + 1)[select]  # [M, Vd]
+        logits = self.draft_logits(hidden_out[select]).float()  # [M, Vd]
+        # as in EAGLE-3: no loss where the target's top token is outside the draft vocab
+        in_vocab = self.t2d[top[select]].float()
+        loss = -((probs * torch.log_softmax(logits, -1)).sum(-1) * in_vocab).sum()
+        with torch.no_grad():
+            correct = (self.to_target_ids(logits.argmax(-1)) == top[select]).sum()
+        return loss, correct

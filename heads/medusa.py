@@ -1,0 +1,116 @@
+"""Medusa-1 heads: K parallel heads on the target's last (post-norm) hidden state.
+
+Convention: at anchor position t (the target has read tokens <= t and its own lm_head predicts
+token t+1), head k predicts token t+k+2, i.e. head 0 is one token past the target's next token.
+Each head is L residual blocks with their own weights (the original code's `[ResBlock] * L`
+shared one block L times; not here), then an lm_head: the frozen target lm_head by default
+(Medusa "v2" checkpoints), or a trained one of its own. Loss = sum_k decay^k soft-CE_k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from draftsmith.heads.base import (
+    DraftHead,
+    HeadBatch,
+    HeadConfig,
+    TargetInfo,
+    distill_selected,
+    shifted,
+    simulated_tau,
+)
+from draftsmith.heads.blocks import ResBlock
+
+
+@dataclass
+class MedusaConfig(HeadConfig):
+    name: str = "medusa"
+    # number of heads K (draft depth) and residual blocks per head L
+    num_heads: int = 4
+    num_layers: int = 1
+    # train an lm_head per head (K x H x V parameters) instead of sharing the target's
+    own_lm_head: bool = False
+    # loss weight of head k is step_decay^k
+    step_decay: float = 0.8
+
+    def __post_init__(self) -> None:
+        if self.num_heads < 1 or self.num_layers < 1:
+            raise ValueError("num_heads and num_layers must be >= 1")
+
+
+class MedusaHead(DraftHead):
+    name = "medusa"
+    kind = "parallel"
+    config_class = MedusaConfig
+
+    def __init__(self, config: MedusaConfig, target: TargetInfo) -> None:
+        super().__init__(config, target)
+        H = target.hidden_size
+        self.blocks = nn.ModuleList(
+            [
+                nn.Sequential(*[ResBlock(H) for _ in range(config.num_layers)])
+                for _ in range(config.num_heads)
+            ]
+        )
+        if config.own_lm_head:
+            self.lm_heads = nn.ModuleList(
+                [nn.Linear(H, target.vocab_size, bias=False) for _ in range(config.num_heads)]
+            )
+
+    @property
+    def depth(self) -> int:
+        return self.config.num_heads
+
+    def head_logits(self, k: int, states: torch.Tensor) -> torch.Tensor:
+        """Head-k output states [.., H] -> logits over the target vocabulary [.., V]."""
+        lm_head = self.lm_heads[k] if self.config.own_lm_head else self.parts.lm_head
+        return lm_head(states)
+
+    def head_states(
+        self, k: int, feature: torch.Tensor, path_tokens: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Head k on post-norm features [N, H]; Medusa ignores the path tokens."""
+        return self.blocks[k](feature)
+
+    def depth_logits(
+        self, k: int, hidden: torch.Tensor, path_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Inference: head-k logits [N, V] from pre-norm target states [N, H] and, per node, the
+        tokens of its path from the root (t+1 .. t+k+1) [N, k+1]."""
+        return self.head_logits(k, self.head_states(k, self.parts.norm(hidden), path_tokens))
+
+    def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        valid = batch.valid()
+        feature = self.parts.norm(batch.hidden)  # [B, T, H]
+        total = feature.new_zeros((), dtype=torch.float32)
+        metrics: dict[str, float] = {}
+        accs = []
+        for k in range(self.config.num_heads):
+            select = (
+                valid & shifted(valid, k + 2, False) & shifted(batch.loss_mask.bool(), k + 2, False)
+            )
+            count = select.sum()
+            path = None
+            if getattr(self, "uses_path", False):
+                path = torch.stack([shifted(batch.input_ids, j + 1) for j in range(k + 1)], dim=-1)[
+                    select
+                ]  # [M, k+1] tokens t+1 .. t+k+1
+            states = self.head_states(k, feature[select], path)  # [M, H]
+            target_hidden = shifted(batch.hidden, k + 1)[select]  # target state at t+k+1
+            loss_sum, correct = distill_selected(
+                states, target_hidden, lambda s, k=k: self.head_logits(k, s), self.parts
+            )
+            step_loss = loss_sum / count.clamp_min(1)
+            total = total + self.config.step_decay**k * step_loss
+            acc = (correct.float() / count.clamp_min(1)).item()
+            accs.append(acc)
+            metrics[f"loss_{k}"] = step_loss.item()
+            metrics[f"acc_{k}"] = acc
+            metrics[f"count_{k}"] = float(count.item())
+        metrics["loss"] = total.item()
+        metrics["sim_tau"] = simulated_tau(accs)
+        return total, metrics
