@@ -15,7 +15,13 @@ from abc import abstractmethod
 import torch
 from torch import nn
 
-from draftsmith.heads.base import DraftHead, HeadBatch, shifted, simulated_tau
+from draftsmith.heads.base import (
+    DraftHead,
+    HeadBatch,
+    predicts_assistant_token,
+    shifted,
+    simulated_tau,
+)
 from draftsmith.heads.blocks import KVCache
 
 
@@ -67,21 +73,15 @@ class AutoregressiveHead(DraftHead):
         return hidden
 
     # ---- training ------------------------------------------------------------------------
-    def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg = self.config
+    def unroll(self, batch: HeadBatch, steps: int):
+        """Yield the layer output [B, T, H] of each unrolled TTT step 0..steps-1."""
         B, T = batch.input_ids.shape
-        valid = batch.valid()
         positions = torch.arange(T, device=batch.input_ids.device).expand(B, T)
         hidden = self.feature_input(batch.hidden, batch.aux)
         base_kv: list = []
         diag_kv: list[list] = [[] for _ in self.layers]
-        scratch: dict = {}  # per-batch values a subclass computes once for all steps
-        total = hidden.new_zeros((), dtype=torch.float32)
-        metrics: dict[str, float] = {}
-        accs = []
-        for i in range(cfg.ttt_steps):
-            tokens = shifted(batch.input_ids, i + 1)
-            embeds = self.parts.embed_tokens(tokens)
+        for i in range(steps):
+            embeds = self.parts.embed_tokens(shifted(batch.input_ids, i + 1))
             hidden = self.fuse(hidden, embeds)
             for index, layer in enumerate(self.layers):
                 if i == 0:
@@ -92,10 +92,16 @@ class AutoregressiveHead(DraftHead):
                         hidden, embeds, positions + i, base_kv[index], diag_kv[index]
                     )
                     diag_kv[index].append(kv)
-            # anchors whose predicted token (t+i+2) exists and is an assistant token
-            select = (
-                valid & shifted(valid, i + 2, False) & shifted(batch.loss_mask.bool(), i + 2, False)
-            )
+            yield hidden
+
+    def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        scratch: dict = {}  # per-batch values a subclass computes once for all steps
+        total = batch.hidden.new_zeros((), dtype=torch.float32)
+        metrics: dict[str, float] = {}
+        accs = []
+        for i, hidden in enumerate(self.unroll(batch, cfg.ttt_steps)):
+            select = predicts_assistant_token(batch, i + 2)
             count = select.sum()
             loss_sum, correct = self.step_loss(i, hidden, batch, select, scratch)
             step_loss = loss_sum / count.clamp_min(1)

@@ -144,6 +144,13 @@ def shifted(x: torch.Tensor, k: int, fill: float | int = 0) -> torch.Tensor:
     return out
 
 
+def predicts_assistant_token(batch: HeadBatch, ahead: int) -> torch.Tensor:
+    """[B, T] anchors t whose token t+ahead exists and is under the loss mask."""
+    valid = batch.valid()
+    mask = batch.loss_mask.bool()
+    return valid & shifted(valid, ahead, False) & shifted(mask, ahead, False)
+
+
 def soft_cross_entropy(
     logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
@@ -231,7 +238,8 @@ def read_head_config(folder: str | Path) -> dict[str, Any]:
     data = json.loads(path.read_text())
     if "draftsmith_head" not in data:
         raise ValueError(
-            f"{path}: no 'draftsmith_head' key; import foreign heads with `draftsmith export` import formats"
+            f"{path}: no 'draftsmith_head' key: not a draftsmith head folder "
+            "(official EAGLE/Medusa/speculators folders are read by the importers)"
         )
     return data
 

@@ -20,6 +20,7 @@ from draftsmith.heads.base import (
     HeadConfig,
     TargetInfo,
     distill_selected,
+    predicts_assistant_token,
     shifted,
     simulated_tau,
 )
@@ -84,15 +85,12 @@ class MedusaHead(DraftHead):
         return self.head_logits(k, self.head_states(k, self.parts.norm(hidden), path_tokens))
 
     def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        valid = batch.valid()
         feature = self.parts.norm(batch.hidden)  # [B, T, H]
         total = feature.new_zeros((), dtype=torch.float32)
         metrics: dict[str, float] = {}
         accs = []
         for k in range(self.config.num_heads):
-            select = (
-                valid & shifted(valid, k + 2, False) & shifted(batch.loss_mask.bool(), k + 2, False)
-            )
+            select = predicts_assistant_token(batch, k + 2)
             count = select.sum()
             path = None
             if getattr(self, "uses_path", False):

@@ -1,0 +1,82 @@
+"""Capture a target's hidden states during its own forward pass (forward hooks, no model fork).
+
+Used by collection (offline shards), online training and speculative decoding alike, so all three
+see the same features. Layer convention: `aux_layers` are given as "input of layer k" (= HF
+`hidden_states[k]` = output of decoder layer k-1); `hidden` is the output of the last decoder
+layer *before* the final norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+LAYER_CONVENTION = "input_of_layer"  # recorded in shard indexes and head configs
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layer list of a transformers causal LM (Llama-style `model.model.layers`)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no `model.layers`; unsupported architecture")
+    return layers
+
+
+class FeatureCapture:
+    """Context manager: while active, every forward of `model` records `hidden` [B, T, H] and,
+    if `aux_layers` is non-empty, `aux` [B, T, len(aux_layers) * H]."""
+
+    def __init__(self, model: nn.Module, aux_layers: Sequence[int] = ()) -> None:
+        self.layers = decoder_layers(model)
+        n = len(self.layers)
+        bad = [k for k in aux_layers if not 1 <= k <= n]
+        if bad:
+            raise ValueError(f"aux layer ids {bad} out of range 1..{n} ({LAYER_CONVENTION})")
+        self.aux_layers = list(aux_layers)
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._handles: list = []
+
+    def _hook(self, index: int):
+        def record(module: nn.Module, args, output) -> None:
+            self._outputs[index] = output[0] if isinstance(output, tuple) else output
+
+        return record
+
+    def __enter__(self) -> FeatureCapture:
+        wanted = {len(self.layers) - 1} | {k - 1 for k in self.aux_layers}
+        self._handles = [self.layers[i].register_forward_hook(self._hook(i)) for i in wanted]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    @property
+    def hidden(self) -> torch.Tensor:
+        return self._outputs[len(self.layers) - 1]
+
+    @property
+    def aux(self) -> torch.Tensor | None:
+        if not self.aux_layers:
+            return None
+        return torch.cat([self._outputs[k - 1] for k in self.aux_layers], dim=-1)
+
+
+@torch.no_grad()
+def extract_features(
+    model: nn.Module,
+    input_ids: torch.Tensor,  # [B, T]
+    attention_mask: torch.Tensor | None = None,  # [B, T] 1 = real token
+    aux_layers: Sequence[int] = (),
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One no-grad target forward -> (hidden [B, T, H], aux [B, T, kH] or None).
+
+    The lm_head is skipped (`logits_to_keep=1`): collection needs states, not [B, T, V] logits.
+    """
+    with FeatureCapture(model, aux_layers) as capture:
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1)
+    return capture.hidden, capture.aux
