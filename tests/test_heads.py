@@ -51,14 +51,14 @@ def test_registry_covers_every_head() -> None:
 
 
 def test_parameter_counts_match_formulas(info: TargetInfo, tiny_target) -> None:
-    H, I, V = info.hidden_size, info.intermediate_size, info.vocab_size
+    H, inter, V = info.hidden_size, info.intermediate_size, info.vocab_size
     q = info.num_attention_heads * info.head_dim
     kv = info.num_key_value_heads * info.head_dim
 
     def attention(inp: int) -> int:
         return inp * q + 2 * inp * kv + q * H
 
-    mlp = 3 * H * I
+    mlp = 3 * H * inter
     counts = {
         name: sum(p.numel() for p in make(name, info, tiny_target).parameters()) for name in CONFIGS
     }
@@ -113,10 +113,8 @@ def test_ttt_steps_equal_chain_drafting(name, info, tiny_target, batch) -> None:
     row, anchor = 0, 9
     with torch.no_grad():
         cache = head.new_cache()
-        features = head.feature_input(
-            batch.hidden[row : row + 1, : anchor + 1],
-            None if batch.aux is None else batch.aux[row : row + 1, : anchor + 1],
-        )
+        aux = batch.aux[row : row + 1, : anchor + 1]
+        features = head.feature_input(batch.hidden[row : row + 1, : anchor + 1], aux)
         ids = batch.input_ids[row : row + 1]
         positions = torch.arange(anchor + 1)[None]
         out = head.step(features, ids[:, 1 : anchor + 2], positions, cache)
