@@ -1,0 +1,153 @@
+"""Tree attention for the target, plugged in through transformers' AttentionInterface.
+
+Verification runs the target once over all tree nodes with a 4D boolean mask [B, 1, Q, KV]
+(prefix columns all True, tree columns = ancestor mask); transformers passes a 4D mask through
+untouched. Backends (`tree.attention`):
+  sdpa  - transformers' own SDPA with the dense boolean mask (CPU default; exact).
+  flex  - FlexAttention with a BlockMask built from the dense mask.
+  flash - CUDA only: flash-attn over the prefix (no mask, returns the log-sum-exp), a dense pass
+          over the small tree block, the two merged by log-sum-exp. This file is the only place
+          that imports flash_attn.
+Asking for an unavailable backend is an error, never a silent switch.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+BACKENDS = {"sdpa": "sdpa", "flex": "draftsmith_flex", "flash": "draftsmith_flash"}
+
+
+def _expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
+    return t if groups == 1 else t.repeat_interleave(groups, dim=1)
+
+
+def dense_attention_lse(
+    q: torch.Tensor,  # [B, nh, Q, d]
+    k: torch.Tensor,  # [B, nh, K, d]
+    v: torch.Tensor,  # [B, nh, K, d]
+    mask: torch.Tensor | None,  # [B or 1, 1, Q, K] bool, True = attend
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference attention returning (out [B, nh, Q, d], log-sum-exp [B, nh, Q]) in fp32."""
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # fully masked rows -> 0
+    return probs @ v.float(), lse
+
+
+def merge_attention(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> torch.Tensor:
+    """Combine attention over two disjoint key sets from their outputs and log-sum-exps."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    weight_a = torch.exp(lse_a - lse).nan_to_num(0.0)[..., None]
+    weight_b = torch.exp(lse_b - lse).nan_to_num(0.0)[..., None]
+    return out_a * weight_a + out_b * weight_b
+
+
+def split_tree_attention(q, k, v, mask, scale, prefix_fn=None) -> torch.Tensor:
+    """Attention over [prefix | tree] keys: prefix fully visible to every query (so a mask-free
+    kernel can take it), tree block masked densely. `prefix_fn(q, k, v, scale) -> (out, lse)`
+    defaults to the dense reference; the flash backend passes flash-attn."""
+    Q, K = q.shape[2], k.shape[2]
+    prefix = K - Q
+    tree_mask = mask[..., prefix:] if mask is not None else None
+    out_b, lse_b = dense_attention_lse(q, k[:, :, prefix:], v[:, :, prefix:], tree_mask, scale)
+    if prefix == 0:
+        return out_b
+    if mask is not None and not bool(mask[..., :prefix].all()):
+        raise ValueError("split tree attention needs every query to see the whole prefix")
+    fn = prefix_fn or (lambda q_, k_, v_, s: dense_attention_lse(q_, k_, v_, None, s))
+    out_a, lse_a = fn(q, k[:, :, :prefix], v[:, :, :prefix], scale)
+    return merge_attention(out_a, lse_a, out_b, lse_b)
+
+
+def _flash_prefix(q, k, v, scale):
+    from flash_attn import flash_attn_func
+
+    # flash-attn layout is [B, S, nh, d]; it returns lse as [B, nh, Q]
+    out, lse, _ = flash_attn_func(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        softmax_scale=scale,
+        causal=False,
+        return_attn_probs=True,
+    )
+    return out.transpose(1, 2).float(), lse.float()
+
+
+def flash_tree_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    if not query.is_cuda:
+        raise RuntimeError("tree.attention=flash needs CUDA tensors; use sdpa or flex on CPU")
+    groups = query.shape[1] // key.shape[1]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    key, value = _expand_kv(key, groups), _expand_kv(value, groups)
+    if attention_mask is None:  # prefill: plain causal flash
+        from flash_attn import flash_attn_func
+
+        out = flash_attn_func(
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            softmax_scale=scale,
+            causal=True,
+        )
+        return out, None
+    out = split_tree_attention(query, key, value, attention_mask, scale, _flash_prefix)
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def flex_tree_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    B, _, Q, _ = query.shape
+    K = key.shape[2]
+    if attention_mask is None:
+        offset = K - Q
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx + offset
+    else:
+        dense = attention_mask.expand(B, 1, Q, K)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return dense[b, 0, q_idx, kv_idx]
+
+    block_mask = create_block_mask(mask_mod, B, None, Q, K, device=query.device)
+    out = flex_attention(
+        query,
+        key,
+        value,
+        block_mask=block_mask,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_tree_attention(model: torch.nn.Module, backend: str) -> None:
+    """Switch `model` to the tree-attention backend `backend` (sdpa | flex | flash)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"tree.attention={backend!r}: expected one of {sorted(BACKENDS)}")
+    if backend == "flash":
+        try:
+            import flash_attn  # noqa: F401
+        except ImportError as err:
+            raise RuntimeError(
+                "tree.attention=flash needs the flash-attn package (pip install 'draftsmith[gpu]') "
+                "and a CUDA device; use tree.attention=sdpa on CPU"
+            ) from err
+    model.set_attn_implementation(BACKENDS[backend])
+
+
+# Registered at import: the names resolve anywhere transformers looks up attention functions.
+AttentionInterface.register("draftsmith_flex", flex_tree_attention)
+AttentionInterface.register("draftsmith_flash", flash_tree_attention)
+for _name in ("draftsmith_flex", "draftsmith_flash"):
+    ALL_MASK_ATTENTION_FUNCTIONS.register(_name, sdpa_mask)

@@ -1,0 +1,183 @@
+"""Speculative decoding with a draft head and a draft tree, verified by one target forward.
+
+Per step: the head drafts a tree rooted at the newest token; the target reads every node at once
+(tree attention mask, positions = prefix + depth); the longest acceptable path plus one bonus
+token is committed; the target's KV cache keeps exactly that path; the head is re-fed the
+target's true features of the accepted tokens. Batch size 1 per sequence, as in EAGLE.
+
+tau (acceptance length) = tokens produced by verification steps / verification forwards; the
+first token comes from the prefill and is counted in neither.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from draftsmith.features import FeatureCapture
+from draftsmith.heads import DraftHead
+from draftsmith.inference.attention import use_tree_attention
+from draftsmith.inference.cache import keep_accepted
+from draftsmith.inference.drafter import make_drafter
+from draftsmith.inference.tree import (
+    StaticTree,
+    Tree,
+    build_dynamic_tree,
+    chain_choices,
+    topk_choices,
+)
+from draftsmith.inference.verify import Sampling, accept, pick
+
+
+@dataclass
+class TreeSpec:
+    """How to draft: `dynamic` (EAGLE-2), `static` (choices, or top-k rank products), `chain`."""
+
+    kind: str = "dynamic"
+    depth: int = 5
+    top_k: int = 4
+    total_tokens: int = 16  # nodes verified per step, root included
+    choices: list[list[int]] = field(default_factory=list)
+    attention: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("dynamic", "static", "chain"):
+            raise ValueError(f"tree.kind={self.kind!r}: expected dynamic, static or chain")
+
+
+@dataclass
+class DecodeStats:
+    new_tokens: int = 0
+    verify_tokens: int = 0  # tokens produced by verification steps (excludes the prefill token)
+    forwards: int = 0  # target verification forwards
+    accepted_at_depth: list[int] = field(default_factory=list)  # steps that accepted >= d drafts
+    offered_at_depth: list[int] = field(default_factory=list)  # steps whose tree reached depth d
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        return self.verify_tokens / max(self.forwards, 1)
+
+    def add(self, other: DecodeStats) -> None:
+        for name in ("new_tokens", "verify_tokens", "forwards", "draft_seconds", "verify_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("accepted_at_depth", "offered_at_depth"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for d, v in enumerate(theirs):
+                mine[d] += v
+
+    def depth_acceptance(self) -> list[float]:
+        """Per depth d: P(draft d accepted | draft d offered)."""
+        return [a / o if o else 0.0 for a, o in zip(self.accepted_at_depth, self.offered_at_depth)]
+
+
+class SpecDecoder:
+    """Speculative decoding of `target` with `head` (bound to the target) and a tree spec."""
+
+    def __init__(self, target: torch.nn.Module, head: DraftHead, tree: TreeSpec) -> None:
+        self.target, self.head, self.spec = target, head, tree
+        use_tree_attention(target, tree.attention)
+        self.drafter = make_drafter(head)
+        self.aux_layers = list(getattr(head.config, "aux_layers", []) or [])
+        depth = {"chain": tree.depth, "static": None, "dynamic": tree.depth}[tree.kind]
+        if tree.kind == "chain":
+            self.static = StaticTree(chain_choices(tree.depth))
+        elif tree.kind == "static":
+            choices = tree.choices or topk_choices(tree.depth, tree.top_k, tree.total_tokens)
+            self.static = StaticTree(choices)
+            depth = self.static.max_depth
+        else:
+            self.static = None
+        limit = getattr(self.drafter, "max_depth", None)
+        if limit is not None and depth is not None and depth > limit:
+            raise ValueError(f"tree depth {depth} exceeds the {head.name} head's {limit} heads")
+
+    def build_tree(self, root: int) -> Tree:
+        if self.static is not None:
+            return self.static.build(self.drafter, root)
+        s = self.spec
+        return build_dynamic_tree(self.drafter, root, s.depth, s.top_k, s.total_tokens)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: list[int],
+        max_new_tokens: int,
+        sampling: Sampling | None = None,
+        eos_token_ids: set[int] | None = None,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[list[int], DecodeStats]:
+        """Decode one prompt; `on_tokens` streams each committed chunk."""
+        sampling = sampling or Sampling()
+        eos = eos_token_ids or set()
+        stats = DecodeStats()
+        device = next(self.target.parameters()).device
+        cache = DynamicCache(config=self.target.config)
+        ids = torch.tensor([prompt], device=device)
+        with FeatureCapture(self.target, self.aux_layers) as capture:
+            out = self.target(
+                input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1
+            )
+            root = pick(out.logits[0, -1], sampling, generator)
+            self.drafter.reset()
+            self.drafter.commit(
+                capture.hidden, capture.aux, torch.tensor([[*prompt[1:], root]], device=device)
+            )
+            generated = [root]
+            if on_tokens:
+                on_tokens([root])
+            n = len(prompt)
+            while len(generated) < max_new_tokens and root not in eos:
+                t0 = time.perf_counter()
+                tree = self.build_tree(root)
+                t1 = time.perf_counter()
+                mask = torch.ones(tree.size, n + tree.size, dtype=torch.bool)
+                mask[:, n:] = tree.ancestors
+                out = self.target(
+                    input_ids=tree.tokens[None].to(device),
+                    position_ids=(n + tree.depths)[None].to(device),
+                    attention_mask=mask[None, None].to(device),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                path, bonus = accept(tree, out.logits[0].float().cpu(), sampling, generator)
+                keep_accepted(cache, n, path.to(device))
+                new = [*tree.tokens[path[1:]].tolist(), bonus]
+                self.drafter.commit(
+                    capture.hidden[:, path],
+                    None if capture.aux is None else capture.aux[:, path],
+                    torch.tensor([new], device=device),
+                )
+                stats.draft_seconds += t1 - t0
+                stats.verify_seconds += time.perf_counter() - t1
+                stats.forwards += 1
+                stats.verify_tokens += len(new)
+                _count_depths(stats, tree.depth, len(path) - 1)
+                n += len(path)
+                root = bonus
+                for i, token in enumerate(new):  # stop at the first EOS
+                    if token in eos:
+                        new = new[: i + 1]
+                        break
+                generated.extend(new)
+                if on_tokens:
+                    on_tokens(new)
+        generated = generated[:max_new_tokens]
+        stats.new_tokens = len(generated)
+        return generated, stats
+
+
+def _count_depths(stats: DecodeStats, tree_depth: int, accepted: int) -> None:
+    while len(stats.offered_at_depth) < tree_depth:
+        stats.offered_at_depth.append(0)
+        stats.accepted_at_depth.append(0)
+    for d in range(tree_depth):
+        stats.offered_at_depth[d] += d <= accepted  # draft d+1 is tested only if d were accepted
+        stats.accepted_at_depth[d] += d < accepted

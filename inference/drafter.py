@@ -1,0 +1,119 @@
+"""Adapters that let the tree builders draft with any head (the `Expander` protocol).
+
+EagleDrafter: autoregressive heads. Committed pairs (target feature of position j, token j+1)
+live in the head's KV cache; tree nodes are appended per depth with a mask that shows each node
+the committed entries, its drafted ancestors and itself, then cropped away before the next
+commit (the accepted tokens are re-committed with the target's true features).
+ParallelDrafter: Medusa/Hydra. Every depth is proposed from one target state (the anchor);
+Hydra also reads each node's path tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.heads import DraftHead
+from draftsmith.heads.autoregressive import AutoregressiveHead
+from draftsmith.inference.tree import Tree
+
+
+class EagleDrafter:
+    def __init__(self, head: AutoregressiveHead) -> None:
+        self.head = head
+        self.max_depth: int | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = self.head.new_cache()
+        self.committed = 0  # committed pairs = positions 0..committed-1 in the draft cache
+        self.root_hidden: torch.Tensor | None = None  # [1, H] output of the last committed pair
+        self.node_hidden = torch.empty(0)
+        self.fed = torch.zeros(0, dtype=torch.long)  # tree nodes in the cache, in cache order
+
+    def commit(
+        self, hidden: torch.Tensor, aux: torch.Tensor | None, next_tokens: torch.Tensor
+    ) -> None:
+        """Append M pairs: features [1, M, H] (aux [1, M, kH]) of positions committed.. with the
+        tokens that follow them [1, M]."""
+        self.cache.crop(self.committed)
+        M = next_tokens.shape[1]
+        positions = torch.arange(self.committed, self.committed + M)[None]
+        out = self.head.step(
+            self.head.feature_input(hidden, aux), next_tokens, positions, self.cache
+        )
+        self.committed += M
+        self.root_hidden = out[:, -1]
+        self.fed = torch.zeros(0, dtype=torch.long)
+
+    def root_logprobs(self) -> torch.Tensor:
+        return torch.log_softmax(self.head.draft_logits(self.root_hidden)[0].float(), dim=-1)
+
+    def expand(self, nodes: torch.Tensor, tree: Tree) -> torch.Tensor:
+        parents = tree.parents[nodes]
+        if self.node_hidden.shape[0] < tree.size:  # grow the per-node output buffer
+            grown = self.root_hidden.new_zeros(tree.size * 2, self.root_hidden.shape[-1])
+            if self.node_hidden.numel():
+                grown[: self.node_hidden.shape[0]] = self.node_hidden
+            self.node_hidden = grown
+        hidden_in = torch.where(
+            (parents == 0)[:, None], self.root_hidden, self.node_hidden[parents.clamp_min(0)]
+        )  # [F, H]
+        F = nodes.numel()
+        mask = torch.cat(
+            [
+                torch.ones(F, self.committed, dtype=torch.bool),
+                tree.ancestors[nodes][:, self.fed],  # drafted ancestors already in the cache
+                torch.eye(F, dtype=torch.bool),
+            ],
+            dim=1,
+        )  # [F, cache + F]
+        positions = (self.committed - 1 + tree.depths[nodes])[None]
+        out = self.head.step(hidden_in[None], tree.tokens[nodes][None], positions, self.cache, mask)
+        self.node_hidden[nodes] = out[0]
+        self.fed = torch.cat([self.fed, nodes])
+        return torch.log_softmax(self.head.draft_logits(out[0]).float(), dim=-1)
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.head.to_target_ids(draft_ids)
+
+
+class ParallelDrafter:
+    def __init__(self, head: DraftHead) -> None:
+        self.head = head
+        self.max_depth = head.config.num_heads
+        self.uses_path = getattr(head, "uses_path", False)
+        self.anchor: torch.Tensor | None = None
+        self.root_token: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        self.anchor = None
+
+    def commit(
+        self, hidden: torch.Tensor, aux: torch.Tensor | None, next_tokens: torch.Tensor
+    ) -> None:
+        self.anchor = hidden[:, -1]  # [1, H] the state that predicted the root
+        self.root_token = next_tokens[:, -1:]  # [1, 1]
+
+    def _logprobs(self, depth: int, count: int, path: torch.Tensor) -> torch.Tensor:
+        if not self.uses_path:  # Medusa: the same proposal for every node of a depth
+            logits = self.head.depth_logits(depth, self.anchor)
+            return torch.log_softmax(logits.float(), -1).expand(count, -1)
+        logits = self.head.depth_logits(depth, self.anchor.expand(count, -1), path)
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def root_logprobs(self) -> torch.Tensor:
+        return self._logprobs(0, 1, self.root_token)[0]
+
+    def expand(self, nodes: torch.Tensor, tree: Tree) -> torch.Tensor:
+        depth = int(tree.depths[nodes[0]])
+        path = tree.path_tokens(nodes) if self.uses_path else None
+        return self._logprobs(depth, nodes.numel(), path)
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids
+
+
+def make_drafter(head: DraftHead) -> EagleDrafter | ParallelDrafter:
+    if head.kind == "autoregressive":
+        return EagleDrafter(head)
+    return ParallelDrafter(head)

@@ -1,0 +1,186 @@
+"""Draft trees: static trees from a choices list (chains, Medusa/EAGLE-1 style) and EAGLE-2
+dynamic trees (expand the top-k frontier per depth by cumulative log-prob, rerank all nodes,
+keep the best `total_tokens`).
+
+A tree always has the root at index 0: the newest committed token, which the target has not yet
+read. Nodes are stored parents-first. Building is per depth, with tensor ops over all nodes of a
+depth; the `Expander` (inference/drafter.py) turns frontier nodes into child log-probs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Tree:
+    tokens: torch.Tensor  # [N] target token ids; tokens[0] = root
+    parents: torch.Tensor  # [N] parent index, -1 for the root
+    depths: torch.Tensor  # [N] root = 0
+    ancestors: torch.Tensor  # [N, N] bool, ancestors[i, j] = j is i or an ancestor of i
+
+    @property
+    def size(self) -> int:
+        return self.tokens.numel()
+
+    @property
+    def depth(self) -> int:
+        return int(self.depths.max())
+
+    def path_tokens(self, nodes: torch.Tensor) -> torch.Tensor:
+        """[F, d+1] tokens from the root down to each node (all nodes at the same depth d)."""
+        d = int(self.depths[nodes[0]])
+        on_path = self.ancestors[nodes]  # [F, N]
+        by_depth = self.depths[None, :] == torch.arange(d + 1)[:, None]  # [d+1, N]
+        index = (on_path[:, None, :] & by_depth[None]).float().argmax(-1)  # [F, d+1]
+        return self.tokens[index]
+
+
+class Expander(Protocol):
+    """What a tree builder needs from a draft head (see inference/drafter.py)."""
+
+    def root_logprobs(self) -> torch.Tensor:
+        """[Vd] log-probs of the root's children (from the last committed draft state)."""
+
+    def expand(self, nodes: torch.Tensor, tree: Tree) -> torch.Tensor:
+        """[F, Vd] log-probs of the children of `nodes` (all at one depth) of the partial tree."""
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab ids -> target ids."""
+
+
+class _Builder:
+    """Growable node arrays with ancestor masks, filled one depth at a time."""
+
+    def __init__(self, root_token: int, capacity: int) -> None:
+        self.tokens = torch.zeros(capacity, dtype=torch.long)
+        self.parents = torch.full((capacity,), -1, dtype=torch.long)
+        self.depths = torch.zeros(capacity, dtype=torch.long)
+        self.scores = torch.zeros(capacity)
+        self.ancestors = torch.zeros(capacity, capacity, dtype=torch.bool)
+        self.tokens[0] = root_token
+        self.ancestors[0, 0] = True
+        self.size = 1
+
+    def add(
+        self, parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor
+    ) -> torch.Tensor:
+        n = parents.numel()
+        ids = torch.arange(self.size, self.size + n)
+        self.parents[ids], self.tokens[ids], self.scores[ids] = parents, tokens, scores
+        self.depths[ids] = self.depths[parents] + 1
+        self.ancestors[ids] = self.ancestors[parents]
+        self.ancestors[ids, ids] = True
+        self.size += n
+        return ids
+
+    def view(self) -> Tree:
+        n = self.size
+        return Tree(self.tokens[:n], self.parents[:n], self.depths[:n], self.ancestors[:n, :n])
+
+    def select(self, keep: torch.Tensor) -> Tree:
+        """Sub-tree of nodes `keep` (ascending, closed under ancestors), re-indexed."""
+        remap = torch.full((self.size,), -1, dtype=torch.long)
+        remap[keep] = torch.arange(keep.numel())
+        parents = self.parents[keep]
+        parents = torch.where(parents >= 0, remap[parents.clamp_min(0)], parents)
+        return Tree(self.tokens[keep], parents, self.depths[keep], self.ancestors[keep][:, keep])
+
+
+def build_dynamic_tree(
+    expander: Expander, root_token: int, depth: int, top_k: int, total_tokens: int
+) -> Tree:
+    """EAGLE-2: grow `depth` levels, expanding the top_k frontier nodes by cumulative log-prob,
+    then keep the `total_tokens` best nodes (root included). A child never outscores its parent
+    (log-probs <= 0) and ties go to the lower index, so the kept set is closed under ancestors."""
+    capacity = 1 + top_k + (depth - 1) * top_k * top_k
+    tree = _Builder(root_token, capacity)
+    top = expander.root_logprobs().topk(top_k)
+    frontier = tree.add(
+        torch.zeros(top_k, dtype=torch.long), expander.to_target(top.indices), top.values.float()
+    )
+    for _ in range(depth - 1):
+        logprobs = expander.expand(frontier, tree.view())  # [F, Vd]
+        top = logprobs.topk(top_k, dim=-1)
+        scores = tree.scores[frontier][:, None] + top.values.float()  # [F, k]
+        added = tree.add(
+            frontier.repeat_interleave(top_k),
+            expander.to_target(top.indices).flatten(),
+            scores.flatten(),
+        )
+        frontier = added[scores.flatten().topk(top_k).indices.sort().values]
+    # stable sort: among equal scores the lower index (an ancestor, if any) ranks first
+    order = torch.sort(-tree.scores[1 : tree.size], stable=True).indices + 1
+    keep = torch.cat([torch.zeros(1, dtype=torch.long), order[: total_tokens - 1].sort().values])
+    return tree.select(keep)
+
+
+@dataclass
+class StaticTree:
+    """A fixed tree shape from `choices`: each choice is the path of top-ranks from the root,
+    e.g. [[0], [1], [0, 0]] = the top-2 children of the root and the top child of the first."""
+
+    choices: list[list[int]]
+
+    def __post_init__(self) -> None:
+        paths = sorted({tuple(c) for c in self.choices}, key=lambda p: (len(p), p))
+        missing = [p for p in paths if len(p) > 1 and p[:-1] not in set(paths)]
+        if missing or any(len(p) == 0 or min(p) < 0 for p in paths):
+            raise ValueError(
+                f"tree choices must be non-empty rank paths closed under prefixes; "
+                f"missing parents for {missing}"
+            )
+        self.paths = paths
+        index = {(): 0, **{p: i + 1 for i, p in enumerate(paths)}}
+        self.max_depth = max(len(p) for p in paths)
+        # per depth: which nodes get expanded, and for each new node (its row there, its rank)
+        self.levels = []
+        for d in range(1, self.max_depth + 1):
+            level = [p for p in paths if len(p) == d]
+            expanded = sorted({index[p[:-1]] for p in level})
+            row = {node: r for r, node in enumerate(expanded)}
+            self.levels.append(
+                (
+                    torch.tensor(expanded),
+                    torch.tensor([row[index[p[:-1]]] for p in level]),
+                    torch.tensor([p[-1] for p in level]),
+                    torch.tensor([index[p[:-1]] for p in level]),
+                )
+            )
+
+    def build(self, expander: Expander, root_token: int) -> Tree:
+        tree = _Builder(root_token, 1 + len(self.paths))
+        for d, (expanded, rows, ranks, parents) in enumerate(self.levels):
+            if d == 0:
+                logprobs = expander.root_logprobs()[None]
+            else:
+                logprobs = expander.expand(expanded, tree.view())
+            top = logprobs.topk(int(ranks.max()) + 1, dim=-1)
+            tokens = expander.to_target(top.indices[rows, ranks])
+            scores = tree.scores[parents] + top.values[rows, ranks].float()
+            tree.add(parents, tokens, scores)
+        return tree.view()
+
+
+def chain_choices(depth: int) -> list[list[int]]:
+    return [[0] * d for d in range(1, depth + 1)]
+
+
+def topk_choices(depth: int, top_k: int, total_tokens: int) -> list[list[int]]:
+    """A static tree that keeps the `total_tokens - 1` paths with the best rank products,
+    a data-free stand-in for Medusa's calibrated trees: rank r scores 1 / (r + 1)."""
+    import heapq
+
+    heap = [(-1.0 / (r + 1), (r,)) for r in range(top_k)]
+    heapq.heapify(heap)
+    chosen: list[list[int]] = []
+    while heap and len(chosen) < total_tokens - 1:
+        score, path = heapq.heappop(heap)
+        chosen.append(list(path))
+        if len(path) < depth:
+            for r in range(top_k):
+                heapq.heappush(heap, (score / (r + 1), (*path, r)))
+    return chosen

@@ -1,0 +1,102 @@
+"""Verification of a draft tree against the target's logits at every node.
+
+Greedy: follow the children whose token equals the target's argmax; the argmax at the last
+accepted node is the bonus token. Stochastic (temperature > 0): multi-round speculative sampling
+over siblings as in EAGLE's `evaluate_posterior`: a deterministic candidate x is accepted with
+probability p(x); on rejection p(x) is zeroed and p renormalised before the next sibling; if all
+are rejected the bonus is drawn from what is left. That is exactly a draw from p, so the output
+distribution is the target's whatever the draft proposes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from draftsmith.inference.tree import Tree
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    def processors(self) -> LogitsProcessorList:
+        """The same warpers, in the same order, as transformers' `generate(do_sample=True)`."""
+        procs = LogitsProcessorList()
+        if self.temperature != 1.0:
+            procs.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_k > 0:
+            procs.append(TopKLogitsWarper(top_k=self.top_k))
+        if self.top_p < 1.0:
+            procs.append(TopPLogitsWarper(top_p=self.top_p))
+        return procs
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """[N, V] logits -> [N, V] sampling probabilities."""
+        scores = self.processors()(None, logits.float())
+        return torch.softmax(scores, dim=-1)
+
+
+def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> int:
+    """One token from one row of logits [V] (argmax or a sample)."""
+    if sampling.greedy:
+        return int(logits.argmax())
+    return int(torch.multinomial(sampling.probs(logits[None])[0], 1, generator=generator))
+
+
+def _path_to(tree: Tree, leaf: int) -> torch.Tensor:
+    # nodes are stored parents-first, so ascending index along a path is ascending depth
+    return tree.ancestors[leaf].nonzero().flatten()
+
+
+def accept_greedy(tree: Tree, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Returns (accepted path node ids, root first) and the bonus token."""
+    predicted = logits.argmax(-1)  # [N]
+    ok = torch.zeros(tree.size, dtype=torch.bool)
+    ok[0] = True
+    for depth in range(1, tree.depth + 1):
+        nodes = (tree.depths == depth).nonzero().flatten()
+        parents = tree.parents[nodes]
+        ok[nodes] = ok[parents] & (tree.tokens[nodes] == predicted[parents])
+    leaf = int(torch.where(ok, tree.depths, -1).argmax())
+    return _path_to(tree, leaf), int(predicted[leaf])
+
+
+def accept_sampled(
+    tree: Tree, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, int]:
+    probs = sampling.probs(logits)  # [N, V]
+    node = 0
+    while True:
+        p = probs[node].clone()
+        accepted = None
+        for child in (tree.parents == node).nonzero().flatten().tolist():
+            token = int(tree.tokens[child])
+            if torch.rand((), generator=generator) < p[token]:
+                accepted = child
+                break
+            p[token] = 0.0
+            p = p / p.sum()
+        if accepted is None:
+            bonus = int(torch.multinomial(p, 1, generator=generator))
+            return _path_to(tree, node), bonus
+        node = accepted
+
+
+def accept(tree: Tree, logits: torch.Tensor, sampling: Sampling, generator=None):
+    if sampling.greedy:
+        return accept_greedy(tree, logits)
+    return accept_sampled(tree, logits, sampling, generator)
