@@ -1,0 +1,125 @@
+"""Tree builders, tree attention math and cache compaction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from draftsmith.inference.attention import (
+    dense_attention_lse,
+    merge_attention,
+    split_tree_attention,
+)
+from draftsmith.inference.cache import keep_accepted
+from draftsmith.inference.tree import (
+    StaticTree,
+    Tree,
+    build_dynamic_tree,
+    chain_choices,
+    topk_choices,
+)
+
+
+class RandomExpander:
+    """Deterministic fake draft: log-probs from a seeded table indexed by depth and parent token."""
+
+    def __init__(self, vocab: int = 11) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.table = torch.log_softmax(torch.randn(8, vocab, vocab, generator=g), -1)
+        self.root_token = 3
+
+    def root_logprobs(self) -> torch.Tensor:
+        return self.table[0, self.root_token]
+
+    def expand(self, nodes: torch.Tensor, tree: Tree) -> torch.Tensor:
+        assert len(set(tree.depths[nodes].tolist())) == 1
+        return self.table[tree.depths[nodes], tree.tokens[nodes]]
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+
+def check_invariants(tree: Tree) -> None:
+    n = tree.size
+    assert tree.parents[0] == -1 and tree.depths[0] == 0
+    for i in range(1, n):
+        p = int(tree.parents[i])
+        assert 0 <= p < i, "parents precede children"
+        assert tree.depths[i] == tree.depths[p] + 1
+        expected = tree.ancestors[p].clone()
+        expected[i] = True
+        assert torch.equal(tree.ancestors[i], expected), "mask = ancestors + self"
+    # siblings carry distinct tokens (so at most one child can match the target)
+    for p in range(n):
+        kids = tree.tokens[tree.parents == p].tolist()
+        assert len(kids) == len(set(kids))
+
+
+@pytest.mark.parametrize("depth,top_k,total", [(1, 3, 4), (4, 3, 10), (6, 4, 16), (3, 2, 50)])
+def test_dynamic_tree_invariants_and_budget(depth, top_k, total) -> None:
+    tree = build_dynamic_tree(RandomExpander(), 3, depth, top_k, total)
+    check_invariants(tree)
+    assert tree.size == min(total, 1 + top_k + (depth - 1) * top_k * top_k)
+    assert tree.depth <= depth
+
+
+def test_dynamic_tree_keeps_best_paths() -> None:
+    ex = RandomExpander()
+    tree = build_dynamic_tree(ex, 3, 1, 4, 5)
+    assert sorted(tree.tokens[1:].tolist()) == sorted(ex.root_logprobs().topk(4).indices.tolist())
+
+
+def test_static_trees() -> None:
+    ex = RandomExpander()
+    chain = StaticTree(chain_choices(4)).build(ex, 3)
+    check_invariants(chain)
+    assert chain.size == 5 and chain.depth == 4 and chain.parents.tolist() == [-1, 0, 1, 2, 3]
+    # the chain follows the top-1 of each step
+    assert int(chain.tokens[1]) == int(ex.root_logprobs().argmax())
+    choices = topk_choices(depth=3, top_k=3, total_tokens=12)
+    tree = StaticTree(choices).build(ex, 3)
+    check_invariants(tree)
+    assert tree.size == 12
+    with pytest.raises(ValueError, match="closed under prefixes"):
+        StaticTree([[0, 1]])
+
+
+def test_path_tokens() -> None:
+    tree = StaticTree(chain_choices(3)).build(RandomExpander(), 3)
+    assert tree.path_tokens(torch.tensor([3])).tolist() == [tree.tokens.tolist()]
+
+
+def test_split_attention_matches_dense_reference() -> None:
+    g = torch.Generator().manual_seed(0)
+    B, nh, prefix, Q, d = 1, 2, 7, 5, 8
+    q = torch.randn(B, nh, Q, d, generator=g)
+    k = torch.randn(B, nh, prefix + Q, d, generator=g)
+    v = torch.randn(B, nh, prefix + Q, d, generator=g)
+    tree = StaticTree(topk_choices(2, 2, Q)).build(RandomExpander(), 3)
+    mask = torch.ones(Q, prefix + Q, dtype=torch.bool)
+    mask[:, prefix:] = tree.ancestors
+    reference, _ = dense_attention_lse(q, k, v, mask[None, None], d**-0.5)
+    merged = split_tree_attention(q, k, v, mask[None, None], d**-0.5)
+    torch.testing.assert_close(merged, reference, rtol=1e-5, atol=1e-6)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(merged, sdpa, rtol=1e-5, atol=1e-5)
+    # merging is symmetric in its two halves
+    oa, la = dense_attention_lse(q, k[:, :, :3], v[:, :, :3], None, 0.3)
+    ob, lb = dense_attention_lse(q, k[:, :, 3:], v[:, :, 3:], None, 0.3)
+    full, _ = dense_attention_lse(q, k, v, None, 0.3)
+    torch.testing.assert_close(merge_attention(oa, la, ob, lb), full, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(merge_attention(ob, lb, oa, la), full, rtol=1e-5, atol=1e-6)
+
+
+def test_keep_accepted_moves_path_behind_prefix() -> None:
+    cache = DynamicCache()
+    prefix, tree_size = 4, 5
+    keys = torch.arange(prefix + tree_size, dtype=torch.float32).view(1, 1, -1, 1).repeat(1, 2, 1, 3)
+    cache.update(keys.clone(), -keys.clone(), 0)
+    cache.update(keys.clone() * 10, keys.clone(), 1)
+    keep_accepted(cache, prefix, torch.tensor([0, 2, 3]))
+    assert cache.get_seq_length() == prefix + 3
+    assert cache.layers[0].keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 6, 7]
+    assert cache.layers[0].values[0, 1, :, 0].tolist() == [-0.0, -1, -2, -3, -4, -6, -7]
+    assert cache.layers[1].keys[0, 0, :, 0].tolist() == [0, 10, 20, 30, 40, 60, 70]
