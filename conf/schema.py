@@ -11,6 +11,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from draftsmith.inference.tree import TreeSpec
+
 
 def _check(value: str, allowed: tuple[str, ...], key: str) -> None:
     if value not in allowed:
@@ -44,6 +46,30 @@ class DataConfig:
 
 
 @dataclass
+class EvalConfig:
+    # prompts: mt-bench | humaneval | heldout (prepared data) | a JSON/JSONL file of prompts
+    benchmark: str = "mt-bench"
+    # first N prompts (null = all); only the first user turn of each is decoded
+    limit: int | None = 80
+    max_new_tokens: int = 128
+    # 0 = greedy; otherwise sampling with these warpers, identical for every method
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    # baselines decoded interleaved with speculation: "vanilla" (generate) and/or "lookup"
+    # (transformers' prompt-lookup assisted generation)
+    baselines: list[str] = field(default_factory=lambda: ["vanilla", "lookup"])
+    # prompt lookup: tokens proposed per step
+    lookup_tokens: int = 10
+    # results subfolder of runs/<run>/eval/ (empty = named after the tree settings)
+    tag: str = ""
+
+    def __post_init__(self) -> None:
+        for b in self.baselines:
+            _check(b, ("vanilla", "lookup"), "eval.baselines")
+
+
+@dataclass
 class Config:
     # which CLI stage is running (set by the `draftsmith` dispatcher)
     stage: str = "none"
@@ -59,6 +85,12 @@ class Config:
     tracking: str = "none"
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    # a head config from conf/head/ (typed per head: Eagle3Config, MedusaConfig, ...)
+    head: Any = MISSING
+    # an existing head folder for eval/export (null = runs/<run_name>/train/head)
+    head_path: str | None = None
+    tree: TreeSpec = field(default_factory=TreeSpec)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     # free-form extras an experiment file may carry (notes, tags)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -67,6 +99,9 @@ class Config:
         _check(self.tracking, ("none", "wandb"), "tracking")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device={self.device!r}: expected 'cpu' or 'cuda[:n]'")
+
+    def resolved_head_path(self) -> str:
+        return self.head_path or f"{self.stage_dir('train')}/head"
 
     def stage_dir(self, stage: str | None = None) -> str:
         """runs/<run_name>/<stage>: where a stage writes and the next stage looks."""

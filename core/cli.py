@@ -11,7 +11,9 @@ import sys
 from collections.abc import Callable
 
 # stage -> "module:function" taking a typed Config. Only implemented stages are listed.
-STAGES: dict[str, str] = {}
+STAGES: dict[str, str] = {
+    "eval": "draftsmith.inference.eval:run",
+}
 
 USAGE = """usage: draftsmith <command> [overrides...]
 

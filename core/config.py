@@ -13,7 +13,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from draftsmith.conf import CONF_DIR
-from draftsmith.conf.schema import Config, DataConfig, TargetConfig
+from draftsmith.conf.schema import Config, DataConfig, EvalConfig, TargetConfig
+from draftsmith.heads import HEADS
+from draftsmith.inference.tree import TreeSpec
 
 CONFIG_NAME = "draftsmith"
 
@@ -23,6 +25,10 @@ def register_schemas() -> None:
     cs.store(name="draftsmith_schema", node=Config)
     cs.store(group="target", name="target_schema", node=TargetConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
+    cs.store(group="tree", name="tree_schema", node=TreeSpec)
+    cs.store(group="eval", name="eval_schema", node=EvalConfig)
+    for name, (config_class, _) in HEADS.items():
+        cs.store(group="head", name=f"{name}_schema", node=config_class)
 
 
 def _unknown_keys(raw: Any, typed: Any, where: str) -> list[str]:

@@ -34,22 +34,6 @@ from draftsmith.inference.verify import Sampling, accept, pick
 
 
 @dataclass
-class TreeSpec:
-    """How to draft: `dynamic` (EAGLE-2), `static` (choices, or top-k rank products), `chain`."""
-
-    kind: str = "dynamic"
-    depth: int = 5
-    top_k: int = 4
-    total_tokens: int = 16  # nodes verified per step, root included
-    choices: list[list[int]] = field(default_factory=list)
-    attention: str = "sdpa"
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("dynamic", "static", "chain"):
-            raise ValueError(f"tree.kind={self.kind!r}: expected dynamic, static or chain")
-
-
-@dataclass
 class DecodeStats:
     new_tokens: int = 0
     verify_tokens: int = 0  # tokens produced by verification steps (excludes the prefill token)
@@ -116,6 +100,7 @@ class SpecDecoder:
     ) -> tuple[list[int], DecodeStats]:
         """Decode one prompt; `on_tokens` streams each committed chunk."""
         sampling = sampling or Sampling()
+        use_tree_attention(self.target, self.spec.attention)  # callers may have switched it
         eos = eos_token_ids or set()
         stats = DecodeStats()
         device = next(self.target.parameters()).device

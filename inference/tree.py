@@ -9,7 +9,7 @@ depth; the `Expander` (inference/drafter.py) turns frontier nodes into child log
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -50,6 +50,29 @@ class Expander(Protocol):
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocab ids -> target ids."""
+
+
+@dataclass
+class TreeSpec:
+    """How to draft: `dynamic` (EAGLE-2), `static` (choices, or top-k rank products), `chain`."""
+
+    # "dynamic" (EAGLE-2), "static" (choices or top-k rank products) or "chain"
+    kind: str = "dynamic"
+    # draft depth (tokens ahead of the root); children kept per expanded node
+    depth: int = 5
+    top_k: int = 4
+    # nodes verified per target forward, root included (dynamic and generated static trees)
+    total_tokens: int = 16
+    # static tree paths of top-ranks, e.g. [[0], [1], [0, 0]]; empty = generated from top_k
+    choices: list[list[int]] = field(default_factory=list)
+    # target tree-attention backend: sdpa | flex | flash (CUDA)
+    attention: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("dynamic", "static", "chain"):
+            raise ValueError(f"tree.kind={self.kind!r}: expected dynamic, static or chain")
+        if self.attention not in ("sdpa", "flex", "flash"):
+            raise ValueError(f"tree.attention={self.attention!r}: expected sdpa, flex or flash")
 
 
 class _Builder:

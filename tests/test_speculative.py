@@ -26,15 +26,20 @@ TREES = {
 
 
 def prompts(tokenizer, count: int) -> list[list[int]]:
-    texts = [f"Question {i}: {'why' if i % 2 else 'how'} is the sky {i * 7 % 13}?" for i in range(count)]
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}],
-                                          add_generation_prompt=True, return_dict=False)
-            for t in texts]
+    texts = [
+        f"Question {i}: {'why' if i % 2 else 'how'} is the sky {i * 7 % 13}?" for i in range(count)
+    ]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], add_generation_prompt=True, return_dict=False
+        )
+        for t in texts
+    ]
 
 
 def greedy_reference(target, prompt: list[int], max_new_tokens: int) -> list[int]:
     out = target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def untrained(name: str, target) -> object:
@@ -75,8 +80,7 @@ def test_greedy_is_lossless_per_backend(backend, tiny_target, tiny_tokenizer, re
 
 def test_flash_backend_refuses_cleanly_without_cuda(tiny_target) -> None:
     with pytest.raises(RuntimeError, match="flash"):
-        SpecDecoder(tiny_target, untrained("eagle3", tiny_target),
-                    TreeSpec(attention="flash"))
+        SpecDecoder(tiny_target, untrained("eagle3", tiny_target), TreeSpec(attention="flash"))
     tiny_target.set_attn_implementation("sdpa")
 
 
@@ -89,8 +93,15 @@ def test_sampling_keeps_the_target_distribution() -> None:
     """Joint law of the first two generated tokens (prefill sample, then the first verified
     token) on an 8-token vocabulary, against the exact target probabilities."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     target = LlamaForCausalLM(config).eval()
     with torch.no_grad():
         target.lm_head.weight.mul_(8.0)  # peaked but not degenerate distributions
@@ -101,10 +112,12 @@ def test_sampling_keeps_the_target_distribution() -> None:
     prompt = [1, 5, 2]
     with torch.no_grad():
         p1 = sampling.probs(target(torch.tensor([prompt])).logits[0, -1:])[0]
-        joint = torch.stack([
-            p1[a] * sampling.probs(target(torch.tensor([prompt + [a]])).logits[0, -1:])[0]
-            for a in range(8)
-        ])  # [8, 8]
+        joint = torch.stack(
+            [
+                p1[a] * sampling.probs(target(torch.tensor([prompt + [a]])).logits[0, -1:])[0]
+                for a in range(8)
+            ]
+        )  # [8, 8]
     g = torch.Generator().manual_seed(1)
     counts = torch.zeros(8, 8)
     draws = 3000

@@ -115,7 +115,9 @@ def test_split_attention_matches_dense_reference() -> None:
 def test_keep_accepted_moves_path_behind_prefix() -> None:
     cache = DynamicCache()
     prefix, tree_size = 4, 5
-    keys = torch.arange(prefix + tree_size, dtype=torch.float32).view(1, 1, -1, 1).repeat(1, 2, 1, 3)
+    keys = (
+        torch.arange(prefix + tree_size, dtype=torch.float32).view(1, 1, -1, 1).repeat(1, 2, 1, 3)
+    )
     cache.update(keys.clone(), -keys.clone(), 0)
     cache.update(keys.clone() * 10, keys.clone(), 1)
     keep_accepted(cache, prefix, torch.tensor([0, 2, 3]))

@@ -1,0 +1,107 @@
+"""Benchmark reports: results JSON, a markdown table and PNG plots, plus a sweep summary that
+collects every result under one eval folder (tau and speedup vs tree size)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def results_markdown(r: dict) -> str:
+    rows = [
+        "| method | tokens | seconds | tokens/s | speedup of speculative |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for method, tokens in r["tokens"].items():
+        speedup = "" if method == "speculative" else f"{r['speedup'][f'vs_{method}']:.2f}x"
+        rows.append(
+            f"| {method} | {tokens} | {r['seconds'][method]:.1f} | "
+            f"{r['tokens_per_second'][method]:.1f} | {speedup} |"
+        )
+    depth = ", ".join(f"{a:.2f}" for a in r["depth_acceptance"])
+    m = r["mismatch"]
+    lines = [
+        f"**{r['head']['name']}** on {r['target']} — {r['eval']['benchmark']}, "
+        f"{r['prompts']} prompts, {r['eval']['max_new_tokens']} new tokens, "
+        f"T={r['eval']['temperature']}, {r['machine']['dtype']}, tree {r['tree']['kind']} "
+        f"(depth {r['tree']['depth']}, top-k {r['tree']['top_k']}, "
+        f"{r['tree']['total_tokens']} nodes)",
+        "",
+        f"tau = **{r['tau']:.2f}** over {r['verify_forwards']} verification forwards; "
+        f"acceptance by depth: {depth}",
+        "",
+        *rows,
+        "",
+    ]
+    if m["checked"]:
+        lines.append(
+            f"Greedy mismatches against vanilla: {m['prompts']} of {r['prompts']} prompts."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out / "results.json", json.dumps(results, indent=2))
+    _atomic_write(out / "results.md", results_markdown(results))
+    depths = results["depth_acceptance"]
+    if depths:
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.bar(range(1, len(depths) + 1), depths, color="#4c72b0")
+        ax.set_xlabel("draft depth")
+        ax.set_ylabel("P(accepted | offered)")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{results['head']['name']}: tau {results['tau']:.2f}")
+        fig.tight_layout()
+        fig.savefig(out / "acceptance_by_depth.png", dpi=120)
+        plt.close(fig)
+
+
+def write_sweep_summary(folder: Path) -> None:
+    """Table + plot over every results.json below `folder` (e.g. a `-m tree.total_tokens=...` sweep)."""
+    runs = []
+    for path in sorted(folder.glob("*/results.json")):
+        runs.append((path.parent.name, json.loads(path.read_text())))
+    if not runs:
+        return
+    lines = [
+        "| run | tree | nodes | T | tau | speedup vs vanilla | speedup vs lookup |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in runs:
+        s = r["speedup"]
+        lines.append(
+            f"| {name} | {r['tree']['kind']} d{r['tree']['depth']} k{r['tree']['top_k']} | "
+            f"{r['tree']['total_tokens']} | {r['eval']['temperature']} | {r['tau']:.2f} | "
+            f"{s.get('vs_vanilla', float('nan')):.2f}x | {s.get('vs_lookup', float('nan')):.2f}x |"
+        )
+    _atomic_write(folder / "summary.md", "\n".join(lines) + "\n")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for kind in sorted({r["tree"]["kind"] for _, r in runs}):
+        pts = sorted(
+            (r["tree"]["total_tokens"], r["tau"], r["speedup"].get("vs_vanilla", 0))
+            for _, r in runs
+            if r["tree"]["kind"] == kind
+        )
+        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=kind)
+        axes[1].plot([p[0] for p in pts], [p[2] for p in pts], "o-", label=kind)
+    axes[0].set_ylabel("tau")
+    axes[1].set_ylabel("speedup vs vanilla")
+    for ax in axes:
+        ax.set_xlabel("tree nodes per verification")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "tree_sweep.png", dpi=120)
+    plt.close(fig)
