@@ -26,6 +26,7 @@ from draftsmith.inference.drafter import make_drafter
 from draftsmith.inference.tree import (
     StaticTree,
     Tree,
+    TreeSpec,
     build_dynamic_tree,
     chain_choices,
     topk_choices,
