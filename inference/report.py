@@ -70,7 +70,7 @@ def write_report(results: dict, out: Path) -> None:
 
 
 def write_sweep_summary(folder: Path) -> None:
-    """Table + plot over every results.json below `folder` (e.g. a `-m tree.total_tokens=...` sweep)."""
+    """Table + plot over every results.json below `folder` (e.g. a tree-size sweep)."""
     runs = []
     for path in sorted(folder.glob("*/results.json")):
         runs.append((path.parent.name, json.loads(path.read_text())))
