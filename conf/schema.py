@@ -28,6 +28,20 @@ class TargetConfig:
 
 
 @dataclass
+class RegenConfig:
+    # new tokens per answer; 0 temperature = greedy
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    # prompts per generate() call (length-sorted, left-padded)
+    batch_size: int = 16
+    # conversations per resumable chunk file
+    chunk_rows: int = 64
+    # longer prompts are skipped (and logged)
+    max_prompt_len: int = 1024
+
+
+@dataclass
 class DataConfig:
     # conversations: file, folder, HF dataset id or asset name (sharegpt, mt-bench, humaneval)
     path: str = MISSING
@@ -39,10 +53,85 @@ class DataConfig:
     max_len: int = 2048
     # what to do with longer conversations: "truncate" or "drop"
     length_policy: str = "truncate"
+    # conversations held out (after a seeded shuffle) for validation and eval.benchmark=heldout
+    heldout: int = 32
+    # let the target answer every user turn itself (self-distillation)
+    regenerate: bool = False
+    regen: RegenConfig = field(default_factory=RegenConfig)
 
     def __post_init__(self) -> None:
         _check(self.template, ("auto", "plain"), "data.template")
         _check(self.length_policy, ("truncate", "drop"), "data.length_policy")
+
+
+@dataclass
+class CollectConfig:
+    # EAGLE-3 layers to capture ("input of layer k"); empty = the head's, else [2, n//2, n-3]
+    aux_layers: list[int] = field(default_factory=list)
+    # on-disk feature dtype: float16 | bfloat16
+    storage_dtype: str = "float16"
+    # padded tokens per target forward (rows are length-bucketed)
+    tokens_per_batch: int = 8192
+    # tokens per shard file
+    shard_tokens: int = 131072
+
+    def __post_init__(self) -> None:
+        _check(self.storage_dtype, ("float16", "bfloat16"), "collect.storage_dtype")
+
+
+@dataclass
+class TrainConfig:
+    # "offline" reads runs/<run>/collect shards; "online" runs the target inside training
+    source: str = "offline"
+    epochs: int = 1
+    # stop after this many optimizer steps (null = run all epochs)
+    max_steps: int | None = None
+    # sequences per micro-batch per rank, and micro-batches accumulated per optimizer step
+    micro_batch_size: int = 4
+    grad_accum: int = 1
+    # longest sequence used in training (tokens; longer rows are cut)
+    max_len: int = 1024
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    # AdamW betas as in EAGLE-3
+    beta1: float = 0.9
+    beta2: float = 0.95
+    warmup_steps: int = 50
+    # lr schedule after warmup: cosine | linear | constant; floor as a fraction of lr
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 0.5
+    # cadence, in optimizer steps
+    log_every: int = 10
+    eval_every: int = 200
+    save_every: int = 500
+    # DeepSpeed checkpoints kept (oldest deleted first)
+    keep_last: int = 2
+    # non-finite loss: "stop" (error naming step, rows, last checkpoint) or "skip" the batch
+    nan_policy: str = "stop"
+    # recompute the head's activations in backward (less memory, more time)
+    gradient_checkpointing: bool = False
+    # heldout rows evaluated at each eval (null = all)
+    eval_rows: int | None = 256
+
+    def __post_init__(self) -> None:
+        _check(self.source, ("offline", "online"), "train.source")
+        _check(self.schedule, ("cosine", "linear", "constant"), "train.schedule")
+        _check(self.nan_policy, ("stop", "skip"), "train.nan_policy")
+
+
+@dataclass
+class DeepSpeedConfig:
+    # ZeRO stage 0 (plain data parallel), 1 (optimizer states), 2 (+ gradients), 3 (+ parameters)
+    zero_stage: int = 2
+    # move optimizer states to CPU memory (ZeRO 1-3)
+    offload_optimizer: bool = False
+    # extra DeepSpeed JSON keys merged last (e.g. {"communication_data_type": "fp32"})
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"deepspeed.zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
 
 
 @dataclass
@@ -90,6 +179,16 @@ class Config:
     # an existing head folder for eval/export (null = runs/<run_name>/train/head)
     head_path: str | None = None
     tree: TreeSpec = field(default_factory=TreeSpec)
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    # continue from runs/<run>/train/checkpoints/latest
+    resume: bool = False
+    # "none": this process (or an outer `deepspeed`/torchrun launch); "deepspeed": spawn nproc ranks
+    launcher: str = "none"
+    nproc: int = 1
+    # `draftsmith collect verify=true`: re-hash every shard against the index and stop
+    verify: bool = False
     eval: EvalConfig = field(default_factory=EvalConfig)
     # free-form extras an experiment file may carry (notes, tags)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -97,6 +196,7 @@ class Config:
     def __post_init__(self) -> None:
         _check(self.dtype, ("float32", "bfloat16", "float16"), "dtype")
         _check(self.tracking, ("none", "wandb"), "tracking")
+        _check(self.launcher, ("none", "deepspeed"), "launcher")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device={self.device!r}: expected 'cpu' or 'cuda[:n]'")
 

@@ -13,7 +13,14 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from draftsmith.conf import CONF_DIR
-from draftsmith.conf.schema import Config, DataConfig, EvalConfig, TargetConfig
+from draftsmith.conf.schema import (
+    Config,
+    DataConfig,
+    DeepSpeedConfig,
+    EvalConfig,
+    TargetConfig,
+    TrainConfig,
+)
 from draftsmith.heads import HEADS
 from draftsmith.inference.tree import TreeSpec
 
@@ -27,6 +34,8 @@ def register_schemas() -> None:
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="tree", name="tree_schema", node=TreeSpec)
     cs.store(group="eval", name="eval_schema", node=EvalConfig)
+    cs.store(group="train", name="train_schema", node=TrainConfig)
+    cs.store(group="deepspeed", name="deepspeed_schema", node=DeepSpeedConfig)
     for name, (config_class, _) in HEADS.items():
         cs.store(group="head", name=f"{name}_schema", node=config_class)
 

@@ -85,14 +85,26 @@ class AutoregressiveHead(DraftHead):
             hidden = self.fuse(hidden, embeds)
             for index, layer in enumerate(self.layers):
                 if i == 0:
-                    hidden, kv = layer(hidden, embeds, positions)
+                    hidden, kv = self._maybe_checkpoint(layer, hidden, embeds, positions)
                     base_kv.append(kv)
                 else:
-                    hidden, kv = layer.ttt_forward(
-                        hidden, embeds, positions + i, base_kv[index], diag_kv[index]
+                    hidden, kv = self._maybe_checkpoint(
+                        layer.ttt_forward,
+                        hidden,
+                        embeds,
+                        positions + i,
+                        base_kv[index],
+                        diag_kv[index],
                     )
                     diag_kv[index].append(kv)
             yield hidden
+
+    def _maybe_checkpoint(self, fn, *args):
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
 
     def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config

@@ -184,6 +184,8 @@ class DraftHead(nn.Module, ABC):
         super().__init__()
         self.config = config
         self.target = target
+        # recompute layer activations in backward (set by the trainer)
+        self.gradient_checkpointing = False
 
     def bind(self, parts: TargetParts) -> DraftHead:
         """Attach the frozen target modules by reference (kept out of parameters/state_dict)."""
@@ -202,6 +204,10 @@ class DraftHead(nn.Module, ABC):
     @abstractmethod
     def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Training loss and metrics (must include `acc_0..acc_{k-1}` per draft depth)."""
+
+    def forward(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Training engines call the module: forward is the loss."""
+        return self.loss(batch)
 
     # ---- persistence: config.json + model.safetensors --------------------------------------
     def config_dict(self) -> dict[str, Any]:

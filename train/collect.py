@@ -1,0 +1,191 @@
+"""Target hidden states -> sharded safetensors (`draftsmith collect`).
+
+One no-grad target forward per length-bucketed batch; forward hooks capture the last decoder
+layer's output (before the final norm) and the EAGLE-3 aux layers. Each shard holds concatenated
+rows: input_ids [N] int32, loss_mask [N] uint8, hidden [N, H], aux [N, kH], offsets [rows+1].
+`index.json` records the target, the layer ids and their convention, dtypes, token counts and the
+sha256 of every shard; it is rewritten atomically after each shard. The shard plan depends only
+on the prepared data, so an interrupted collect resumes at the first missing shard and produces
+the same bytes. Only one shard of features is ever in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from draftsmith.assets import sha256_file
+from draftsmith.conf.schema import Config
+from draftsmith.features import LAYER_CONVENTION, extract_features
+from draftsmith.heads.eagle3 import default_aux_layers
+from draftsmith.target import load_target, target_name, torch_dtype
+
+INDEX = "index.json"
+
+
+def plan_shards(lengths: list[int], shard_tokens: int) -> list[list[int]]:
+    """Rows sorted by length (longest first, ties by index) packed into shards of ~shard_tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    shards, current, size = [], [], 0
+    for i in order:
+        if current and size + lengths[i] > shard_tokens:
+            shards.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += lengths[i]
+    if current:
+        shards.append(current)
+    return shards
+
+
+def plan_batches(rows: list[int], lengths: list[int], tokens_per_batch: int) -> list[list[int]]:
+    """Consecutive rows (already length-sorted) grouped so padded tokens <= tokens_per_batch."""
+    batches, current = [], []
+    for i in rows:
+        width = max([lengths[j] for j in current] + [lengths[i]])
+        if current and width * (len(current) + 1) > tokens_per_batch:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collect_shard(
+    target, dataset, rows: list[int], lengths: list[int], aux_layers: list[int], cfg: Config
+) -> dict[str, torch.Tensor]:
+    device = next(target.parameters()).device
+    storage = torch_dtype(cfg.collect.storage_dtype)
+    parts: dict[str, list[torch.Tensor]] = {
+        "input_ids": [],
+        "loss_mask": [],
+        "hidden": [],
+        "aux": [],
+    }
+    for batch in plan_batches(rows, lengths, cfg.collect.tokens_per_batch):
+        width = max(lengths[i] for i in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        attention = torch.zeros(len(batch), width, dtype=torch.long)
+        for r, i in enumerate(batch):
+            ids[r, : lengths[i]] = torch.tensor(dataset[i]["input_ids"])
+            attention[r, : lengths[i]] = 1
+        hidden, aux = extract_features(target, ids.to(device), attention.to(device), aux_layers)
+        for r, i in enumerate(batch):
+            n = lengths[i]
+            parts["input_ids"].append(ids[r, :n].to(torch.int32))
+            parts["loss_mask"].append(torch.tensor(dataset[i]["loss_mask"], dtype=torch.uint8))
+            parts["hidden"].append(hidden[r, :n].to(storage).cpu())
+            parts["aux"].append(aux[r, :n].to(storage).cpu())
+    # shards store rows in plan order; offsets delimit them
+    offsets = torch.tensor([0] + [lengths[i] for i in rows]).cumsum(0)
+    return {**{k: torch.cat(v) for k, v in parts.items()}, "offsets": offsets}
+
+
+def _write_index(out: Path, index: dict) -> None:
+    tmp = out / (INDEX + ".tmp")
+    tmp.write_text(json.dumps(index, indent=2))
+    os.replace(tmp, out / INDEX)
+
+
+def verify_shards(out: Path) -> int:
+    """Re-hash every shard against the index; raise naming the first bad file."""
+    index = json.loads((out / INDEX).read_text())
+    count = 0
+    for split in index["splits"].values():
+        for shard in tqdm(split["shards"], desc="verify", unit="shard"):
+            path = out / shard["file"]
+            if not path.exists() or sha256_file(path) != shard["sha256"]:
+                raise ValueError(f"corrupted or missing shard {path} (sha256 differs from {INDEX})")
+            count += 1
+    print(f"verify: {count} shards match {out / INDEX}")
+    return count
+
+
+def aux_layers_for(cfg: Config, num_layers: int) -> list[int]:
+    if cfg.collect.aux_layers:
+        return list(cfg.collect.aux_layers)
+    head_layers = getattr(cfg.head, "aux_layers", None)
+    return list(head_layers) if head_layers else default_aux_layers(num_layers)
+
+
+def run(cfg: Config) -> dict:
+    import datasets
+
+    out = Path(cfg.stage_dir("collect"))
+    if cfg.verify:
+        verify_shards(out)
+        return json.loads((out / INDEX).read_text())
+    prepared = Path(cfg.stage_dir("prepare")) / "dataset"
+    if not prepared.exists():
+        raise FileNotFoundError(
+            f"{prepared}: run `draftsmith prepare run_name={cfg.run_name}` first"
+        )
+    dataset = datasets.load_from_disk(str(prepared))
+    target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
+    n_layers = target.config.num_hidden_layers
+    aux_layers = aux_layers_for(cfg, n_layers)
+    header = {
+        "target": target_name(cfg.target.path),
+        "target_path": cfg.target.path,
+        "hidden_size": target.config.hidden_size,
+        "vocab_size": target.config.vocab_size,
+        "num_layers": n_layers,
+        "layer_convention": LAYER_CONVENTION,
+        "aux_layers": aux_layers,
+        "hidden": "output of the last decoder layer, before the final norm",
+        "storage_dtype": cfg.collect.storage_dtype,
+        "compute_dtype": cfg.dtype,
+    }
+    index = {**header, "complete": False, "splits": {}}
+    if (out / INDEX).exists():
+        old = json.loads((out / INDEX).read_text())
+        if {k: old.get(k) for k in header} != header:
+            raise ValueError(
+                f"{out / INDEX} was collected with other settings "
+                f"({ {k: old.get(k) for k in header if old.get(k) != header[k]} }); "
+                "use another run_name or delete it"
+            )
+        index = old
+    out.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "heldout"):
+        data = dataset[split]
+        lengths = [len(x) for x in data["input_ids"]]
+        shards = plan_shards(lengths, cfg.collect.shard_tokens)
+        done = {s["file"]: s for s in index["splits"].get(split, {}).get("shards", [])}
+        entries = []
+        (out / split).mkdir(exist_ok=True)
+        for k, rows in enumerate(tqdm(shards, desc=f"collect {split}", unit="shard")):
+            name = f"{split}/shard_{k:05d}.safetensors"
+            path = out / name
+            if name in done and path.exists() and path.stat().st_size == done[name]["size"]:
+                entries.append(done[name])
+                continue
+            tensors = collect_shard(target, data, rows, lengths, aux_layers, cfg)
+            tmp = path.with_suffix(".tmp")
+            save_file(
+                tensors, str(tmp), metadata={"ids": json.dumps([data[i]["id"] for i in rows])}
+            )
+            os.replace(tmp, path)
+            entries.append(
+                {
+                    "file": name,
+                    "rows": len(rows),
+                    "tokens": int(tensors["offsets"][-1]),
+                    "size": path.stat().st_size,
+                    "sha256": sha256_file(path),
+                }
+            )
+            index["splits"][split] = {"shards": entries, "rows": None, "tokens": None}
+            _write_index(out, index)
+        index["splits"][split] = {"shards": entries, "rows": len(lengths), "tokens": sum(lengths)}
+        _write_index(out, index)
+    index["complete"] = True
+    _write_index(out, index)
+    print(f"collect: {sum(s['tokens'] for s in index['splits'].values())} tokens -> {out}")
+    return index

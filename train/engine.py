@@ -1,0 +1,159 @@
+"""The only module that touches DeepSpeed: process group, engine, checkpoints, weight gathering.
+
+On CUDA the engine trains in bf16 with NCCL; on CPU in fp32 over gloo, so multi-rank training is
+exercised for real on machines without GPUs. Checkpoints are written with `save_latest=False`;
+`latest` is then replaced atomically by rank 0 after a barrier, so it never names a partial
+checkpoint. Older checkpoints beyond `keep_last` are deleted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from draftsmith.conf.schema import Config
+
+
+def init_distributed(device: str) -> tuple[int, int]:
+    """Join (or create) the process group; returns (rank, world size)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # a plain single process
+            os.environ.update(
+                RANK="0",
+                LOCAL_RANK="0",
+                WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())),
+            )
+        deepspeed.init_distributed(
+            dist_backend="nccl" if device.startswith("cuda") else "gloo", verbose=False
+        )
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ds_config(cfg: Config) -> dict:
+    t, d = cfg.train, cfg.deepspeed
+    zero: dict = {"stage": d.zero_stage}
+    if d.offload_optimizer and d.zero_stage > 0:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    config = {
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": t.grad_accum,
+        "gradient_clipping": t.grad_clip,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": cfg.device.startswith("cuda")},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    config.update(d.extra)
+    return config
+
+
+def lr_lambda(cfg: Config, total_steps: int):
+    t = cfg.train
+
+    def factor(step: int) -> float:
+        if step < t.warmup_steps:
+            return (step + 1) / max(t.warmup_steps, 1)
+        if t.schedule == "constant":
+            return 1.0
+        progress = min((step - t.warmup_steps) / max(total_steps - t.warmup_steps, 1), 1.0)
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if t.schedule == "cosine" else 1 - progress
+        return t.min_lr_ratio + (1 - t.min_lr_ratio) * shape
+
+    return factor
+
+
+def build_engine(head: torch.nn.Module, cfg: Config, total_steps: int):
+    """AdamW + warmup/decay schedule wrapped in a DeepSpeed engine."""
+    import deepspeed
+
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=cfg.train.lr,
+        betas=(cfg.train.beta1, cfg.train.beta2),
+        weight_decay=cfg.train.weight_decay,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_steps))
+    engine, _, _, scheduler = deepspeed.initialize(
+        model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config(cfg)
+    )
+    return engine
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_ranks_finite(loss: torch.Tensor) -> bool:
+    """True iff the loss is finite on every rank (a collective decision, so ranks stay in step)."""
+    import torch.distributed as dist
+
+    flag = torch.tensor([0.0 if torch.isfinite(loss).all() else 1.0])
+    if dist.is_initialized():
+        dist.all_reduce(flag)
+    return flag.item() == 0.0
+
+
+def save_checkpoint(
+    engine, folder: Path, step: int, client_state: dict, keep_last: int, rank: int
+) -> str:
+    tag = f"step_{step:08d}"
+    engine.save_checkpoint(str(folder), tag=tag, client_state=client_state, save_latest=False)
+    barrier()
+    if rank == 0:
+        tmp = folder / "latest.tmp"
+        tmp.write_text(tag)
+        os.replace(tmp, folder / "latest")
+        old = sorted(p for p in folder.glob("step_*") if p.is_dir())[:-keep_last]
+        for path in old:
+            shutil.rmtree(path, ignore_errors=True)
+    barrier()
+    return tag
+
+
+def load_checkpoint(engine, folder: Path) -> dict | None:
+    """Load the checkpoint `latest` names; None if there is none."""
+    latest = folder / "latest"
+    if not latest.exists():
+        return None
+    tag = latest.read_text().strip()
+    path, client_state = engine.load_checkpoint(str(folder), tag=tag)
+    if path is None:
+        raise FileNotFoundError(f"{folder}/{tag}: checkpoint named by `latest` could not be loaded")
+    return client_state
+
+
+@contextmanager
+def full_parameters(engine):
+    """Inside, every rank sees full (un-partitioned) head parameters; needed to save under ZeRO-3."""
+    if engine.zero_optimization_stage() == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(
+            list(engine.module.parameters()), modifier_rank=None
+        ):
+            yield
+    else:
+        yield

@@ -1,0 +1,43 @@
+"""Head training stage entry (`draftsmith train`): in-process, or `launcher=deepspeed nproc=N`,
+which re-runs `-m draftsmith.train` under DeepSpeed's launcher with N ranks on this machine.
+Multi-node: run `deepspeed --hostfile hosts -m draftsmith.train ...` yourself (see README)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from draftsmith.conf.schema import Config
+
+
+def run(cfg: Config) -> dict | None:
+    if cfg.launcher == "none" or "RANK" in os.environ:
+        from draftsmith.train.loop import run as train
+
+        return train(cfg)
+    overrides = [a for a in sys.argv[1:] if not a.startswith(("launcher=", "nproc=", "stage="))]
+    cmd = [
+        "deepspeed",
+        "--num_gpus",
+        str(cfg.nproc),
+        "--master_port",
+        str(_port()),
+        "--module",
+        "draftsmith.train",
+        *overrides,
+        "launcher=none",
+    ]
+    print("launch:", " ".join(cmd))
+    result = subprocess.run(cmd)
+    if result.returncode != 0:
+        raise SystemExit(f"deepspeed launch failed with exit code {result.returncode}")
+    return None
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

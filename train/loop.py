@@ -1,0 +1,240 @@
+"""Head training (`draftsmith train`): offline shards or the online target, one DeepSpeed engine.
+
+Reads top to bottom: set up ranks and data, build the head and engine, resume, then one loop of
+optimizer steps with logging, held-out evaluation (loss, per-step accuracy, simulated tau; the
+best head by simulated tau is kept), checkpoints and, at the end, the native head folder
+`runs/<run>/train/head` plus loss/accuracy plots. Only rank 0 writes shared files.
+
+Data order: a (seed, epoch)-deterministic list of micro-batches; optimizer step s of an epoch
+uses micro-batches [s*A*W, (s+1)*A*W) (A = grad_accum, W = world size), rank r taking every W-th.
+So W ranks x A accumulation sees exactly what 1 rank x (W*A) accumulation sees, and a resumed
+run continues at the same micro-batch with restored RNG states.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from draftsmith.conf.schema import Config
+from draftsmith.heads import DraftHead, HeadBatch, TargetInfo, TargetParts, build_head
+from draftsmith.heads.base import simulated_tau
+from draftsmith.heads.vocab import count_tokens
+from draftsmith.target import load_target, target_name
+from draftsmith.tracking import Tracker
+from draftsmith.train import engine as ds
+from draftsmith.train.data import OnlineRows, ShardRows, batch_order, collate, online_batch
+from draftsmith.train.plots import plot_training
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+def train_step(engine, batches: list[HeadBatch], nan_policy: str = "stop") -> dict[str, float]:
+    """One optimizer step over `batches` (this rank's micro-batches). Returns mean metrics."""
+    sums: dict[str, float] = {}
+    used = 0
+    for batch in batches:
+        loss, metrics = engine(batch)
+        if not ds.all_ranks_finite(loss):
+            if nan_policy == "stop":
+                raise NonFiniteLoss(f"non-finite loss {loss.item()}")
+            continue  # every rank skips this micro-batch together
+        engine.backward(loss)
+        engine.step()
+        used += 1
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + v
+    return {k: v / max(used, 1) for k, v in sums.items()} | {"skipped": len(batches) - used}
+
+
+@torch.no_grad()
+def evaluate(engine, rows, cfg: Config, make_batch) -> dict[str, float]:
+    """Held-out loss, per-step accuracy (token-weighted) and simulated tau. All ranks run it."""
+    engine.eval()
+    limit = len(rows) if cfg.train.eval_rows is None else min(len(rows), cfg.train.eval_rows)
+    totals: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    order = sorted(range(limit), key=lambda i: rows.lengths()[i])
+    size = cfg.train.micro_batch_size
+    for s in range(0, limit, size):
+        _, metrics = engine(make_batch([order[j] for j in range(s, min(s + size, limit))]))
+        for k, v in metrics.items():
+            if k.startswith(("acc_", "loss_")):
+                weight = metrics.get(f"count_{k.split('_')[1]}", 1.0)
+                totals[k] = totals.get(k, 0.0) + v * weight
+                counts[k] = counts.get(k, 0.0) + weight
+    engine.train()
+    out = {f"heldout/{k}": totals[k] / max(counts[k], 1.0) for k in totals}
+    accs = [out[k] for k in sorted(out, key=lambda k: int(k.rsplit("_", 1)[1])) if "acc_" in k]
+    out["heldout/sim_tau"] = simulated_tau(accs)
+    return out
+
+
+def setup(cfg: Config, rank: int):
+    """Target, head (vocab mapping included), train and held-out row sources."""
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    online = cfg.train.source == "online"
+    target = load_target(
+        cfg.target.path,
+        "float32" if not online else cfg.dtype,
+        cfg.device,
+        cfg.target.trust_remote_code,
+    )
+    info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
+    head = build_head(cfg.head, info).bind(TargetParts.from_model(target))
+    aux_layers = list(getattr(head.config, "aux_layers", []) or [])
+    import datasets
+
+    prepared = Path(cfg.stage_dir("prepare")) / "dataset"
+    if hasattr(head, "set_vocab"):
+        if not prepared.exists():
+            raise FileNotFoundError(f"{prepared}: the draft vocabulary is built from prepared data")
+        train_rows = datasets.load_from_disk(str(prepared))["train"]
+        counts = torch.zeros(info.vocab_size, dtype=torch.long)
+        for row in train_rows.iter(batch_size=1024):
+            for ids, mask in zip(row["input_ids"], row["loss_mask"]):
+                counts += count_tokens(torch.tensor(ids), torch.tensor(mask), info.vocab_size)
+        head.set_vocab(counts)
+    dtype = torch.float32
+    if online:
+        if not prepared.exists():
+            raise FileNotFoundError(f"{prepared}: run `draftsmith prepare` first")
+        split = datasets.load_from_disk(str(prepared))
+        sources = {
+            name: OnlineRows(split[name], cfg.train.max_len) for name in ("train", "heldout")
+        }
+
+        def make_batch_for(rows):
+            return lambda idx: online_batch(target, [rows[i] for i in idx], aux_layers, dtype)
+    else:
+        folder = cfg.stage_dir("collect")
+        sources = {
+            name: ShardRows(folder, name, cfg.train.max_len) for name in ("train", "heldout")
+        }
+        sources["train"].check(info, aux_layers)
+
+        def make_batch_for(rows):
+            return lambda idx: collate([rows[i] for i in idx], dtype)
+
+    return target, head, sources, make_batch_for
+
+
+def run(cfg: Config) -> dict:
+    rank, world = ds.init_distributed(cfg.device)
+    out = Path(cfg.stage_dir("train"))
+    target, head, sources, make_batch_for = setup(cfg, rank)
+    train_rows, heldout_rows = sources["train"], sources["heldout"]
+    train_batch, heldout_batch = make_batch_for(train_rows), make_batch_for(heldout_rows)
+    t = cfg.train
+    micro_per_step = t.grad_accum * world
+    steps_per_epoch = (
+        len(batch_order(train_rows.lengths(), t.micro_batch_size, cfg.seed, 0)) // micro_per_step
+    )
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"{len(train_rows)} training rows are too few for {micro_per_step} "
+            f"micro-batches of {t.micro_batch_size} per step"
+        )
+    total = steps_per_epoch * t.epochs if t.max_steps is None else t.max_steps
+    head.train()
+    if t.gradient_checkpointing:
+        head.gradient_checkpointing = True
+    engine = ds.build_engine(head, cfg, total)
+    ckpt = out / "checkpoints"
+    step, best = 0, -1.0
+    if cfg.resume:
+        state = ds.load_checkpoint(engine, ckpt)
+        if state is None:
+            raise FileNotFoundError(f"resume=true but {ckpt}/latest does not exist")
+        step, best = state["step"], state["best"]
+        torch.set_rng_state(state["rng"][rank]["torch"])
+        random.setstate(state["rng"][rank]["python"])
+    tracker = Tracker(out, cfg.tracking, cfg.run_name, cfg) if rank == 0 else None
+    bar = tqdm(total=total, initial=step, desc=f"train {head.name}", disable=rank != 0)
+    window: dict[str, float] = {}
+    tokens, t0, last_good = 0, time.perf_counter(), None
+    history: list[dict] = []
+    while step < total:
+        epoch, in_epoch = divmod(step, steps_per_epoch)
+        order = batch_order(train_rows.lengths(), t.micro_batch_size, cfg.seed, epoch)
+        first = in_epoch * micro_per_step
+        mine = [order[first + g * world + rank] for g in range(t.grad_accum)]
+        batches = [train_batch(idx) for idx in mine]
+        try:
+            metrics = train_step(engine, batches, t.nan_policy)
+        except NonFiniteLoss as err:
+            rows = [
+                train_rows.rows[i] if hasattr(train_rows, "rows") else i
+                for idx in mine
+                for i in idx
+            ]
+            raise NonFiniteLoss(
+                f"{err} at step {step} (rank {rank}); batch rows (shard, offset, "
+                f"length): {rows}; last good checkpoint: {last_good}; "
+                "train.nan_policy=skip skips such batches"
+            ) from None
+        step += 1
+        tokens += sum(int(b.valid().sum()) for b in batches) * world
+        for k, v in metrics.items():
+            window[k] = window.get(k, 0.0) + v
+        bar.update(1)
+        if step % t.log_every == 0 or step == total:
+            n = t.log_every if step % t.log_every == 0 else step % t.log_every
+            logged = {f"train/{k}": v / n for k, v in window.items() if not k.startswith("count")}
+            logged["lr"] = engine.get_lr()[0]
+            logged["tokens_per_second"] = tokens / (time.perf_counter() - t0)
+            window, tokens, t0 = {}, 0, time.perf_counter()
+            bar.set_postfix(
+                loss=f"{logged['train/loss']:.3f}", tok_s=f"{logged['tokens_per_second']:.0f}"
+            )
+            if tracker:
+                tracker.log(logged, step)
+            history.append({"step": step, **logged})
+        if step % t.eval_every == 0 or step == total:
+            held = evaluate(engine, heldout_rows, cfg, heldout_batch)
+            history.append({"step": step, **held})
+            if tracker:
+                tracker.log(held, step)
+            if held["heldout/sim_tau"] > best:
+                best = held["heldout/sim_tau"]
+                save_head(engine, head, out / "best", rank)
+        if step % t.save_every == 0 or step == total:
+            rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+            state = {"step": step, "best": best, "rng": _gather(rng, world)}
+            last_good = ds.save_checkpoint(engine, ckpt, step, state, t.keep_last, rank)
+    bar.close()
+    save_head(engine, head, out / "head", rank)
+    summary = {"steps": step, "best_heldout_sim_tau": best, "head": str(out / "head")}
+    if rank == 0:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        plot_training(out / "metrics.jsonl", out / "training.png")
+        tracker.artifact(out / "head", f"{cfg.run_name}-{head.name}")
+        tracker.finish()
+        print(f"train: {summary}")
+    ds.barrier()
+    return summary
+
+
+def _gather(obj, world: int) -> list:
+    import torch.distributed as dist
+
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def save_head(engine, head: DraftHead, folder: Path, rank: int) -> None:
+    with ds.full_parameters(engine):
+        if rank == 0:
+            head.save(folder)
+    ds.barrier()

@@ -1,0 +1,123 @@
+"""Conversations -> token ids + assistant loss masks (+ target-regenerated answers) (`draftsmith prepare`).
+
+Writes runs/<run>/prepare/: `dataset/` (an Arrow DatasetDict with `train` and `heldout` splits of
+id, input_ids, loss_mask), `heldout.jsonl` (the held-out conversations, for
+`eval.benchmark=heldout`), `regen/` (resumable regeneration chunks) and `stats.json` (rows in/out,
+tokens, masked tokens, rows skipped by reason), written last: its presence marks the stage done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections import Counter
+from pathlib import Path
+
+from tqdm import tqdm
+
+from draftsmith.conf.schema import Config
+from draftsmith.conversations import Conversation, read_conversations
+from draftsmith.target import load_target, load_tokenizer
+from draftsmith.train.regenerate import regenerate
+from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
+
+
+def tokenize_all(
+    renderer: ConversationTokenizer,
+    conversations: list[Conversation],
+    skipped: Counter,
+    examples: list[str],
+    desc: str,
+) -> list[dict]:
+    rows = []
+    for conv in tqdm(conversations, desc=f"tokenize {desc}", unit="conv"):
+        try:
+            t = renderer(conv)
+        except TemplateError as err:
+            reason = str(err)
+            skipped[reason.split(":")[0]] += 1
+            if len(examples) < 20:
+                examples.append(f"{conv.id}: {reason}")
+            continue
+        rows.append({"id": conv.id, "input_ids": t.input_ids, "loss_mask": t.loss_mask})
+    return rows
+
+
+def run(cfg: Config) -> dict:
+    import datasets
+
+    out = Path(cfg.stage_dir("prepare"))
+    if (out / "stats.json").exists():
+        print(f"prepare: {out} is complete; delete it to redo")
+        return json.loads((out / "stats.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    d = cfg.data
+    conversations, report = read_conversations(d.path, limit=d.limit)
+    print(report.summary())
+    random.Random(cfg.seed).shuffle(conversations)
+    heldout_count = min(d.heldout, max(len(conversations) // 10, 1))
+    splits = {"heldout": conversations[:heldout_count], "train": conversations[heldout_count:]}
+    tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
+    renderer = ConversationTokenizer(tokenizer, d.template, d.max_len, d.length_policy)
+    if d.regenerate:
+        target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
+        for name in ("heldout", "train"):
+            splits[name] = regenerate(
+                target, tokenizer, renderer, splits[name], d.regen, out / "regen" / name
+            )
+    skipped: Counter = Counter()
+    examples: list[str] = []
+    tokenized = {
+        name: tokenize_all(renderer, convs, skipped, examples, name)
+        for name, convs in splits.items()
+    }
+    if not tokenized["train"]:
+        raise ValueError(f"no usable training conversations in {d.path}: skipped {dict(skipped)}")
+    features = datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "input_ids": datasets.Sequence(datasets.Value("int32")),
+            "loss_mask": datasets.Sequence(datasets.Value("int8")),
+        }
+    )
+    dataset = datasets.DatasetDict(
+        {
+            name: datasets.Dataset.from_list(rows, features=features)
+            if rows
+            else datasets.Dataset.from_dict(
+                {"id": [], "input_ids": [], "loss_mask": []}, features=features
+            )
+            for name, rows in tokenized.items()
+        }
+    )
+    tmp = out / "dataset.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    dataset.save_to_disk(str(tmp))
+    shutil.rmtree(out / "dataset", ignore_errors=True)
+    os.replace(tmp, out / "dataset")
+    with open(out / "heldout.jsonl.tmp", "w") as f:
+        for conv in splits["heldout"]:
+            f.write(json.dumps({"id": conv.id, "messages": conv.to_messages()}) + "\n")
+    os.replace(out / "heldout.jsonl.tmp", out / "heldout.jsonl")
+    stats = {
+        "source": report.to_dict(),
+        "regenerated": d.regenerate,
+        "rows": {name: len(rows) for name, rows in tokenized.items()},
+        "tokens": {
+            name: sum(len(r["input_ids"]) for r in rows) for name, rows in tokenized.items()
+        },
+        "masked_tokens": {
+            name: sum(sum(r["loss_mask"]) for r in rows) for name, rows in tokenized.items()
+        },
+        "skipped": dict(skipped),
+        "skipped_examples": examples,
+    }
+    (out / "stats.json.tmp").write_text(json.dumps(stats, indent=2))
+    os.replace(out / "stats.json.tmp", out / "stats.json")
+    print(
+        f"prepare: {stats['rows']} rows, {stats['tokens']} tokens, "
+        f"{stats['masked_tokens']} masked; skipped {dict(skipped)} -> {out}"
+    )
+    return stats

@@ -1,0 +1,155 @@
+"""Self-distillation: the target answers every user turn itself.
+
+Multi-turn aware (turn j is answered with the target's own earlier answers in context), batched
+with left padding over length-sorted prompts, greedy or sampled, stopping at EOS. Work is written
+in chunks of rows (`chunk_00000.jsonl`, atomically); a rerun skips finished chunks. Rows whose
+prompt cannot be rendered or is too long are logged with the reason and dropped, never silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from draftsmith.conf.schema import RegenConfig
+from draftsmith.conversations import Conversation, Turn
+from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
+
+
+def _generate(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list[list[int]]:
+    """Batched generation with left padding; returns the new tokens, cut after EOS."""
+    device = next(target.parameters()).device
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    attention = torch.tensor(
+        [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device
+    )
+    kwargs = {
+        "do_sample": cfg.temperature > 0,
+        "max_new_tokens": cfg.max_new_tokens,
+        "pad_token_id": pad,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    if cfg.temperature > 0:
+        kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p)
+    with torch.no_grad():
+        out = target.generate(input_ids=ids, attention_mask=attention, **kwargs)[:, width:]
+    answers = []
+    for row in out.tolist():
+        if tokenizer.eos_token_id in row:
+            row = row[: row.index(tokenizer.eos_token_id)]
+        answers.append(row)
+    return answers
+
+
+def regenerate_chunk(
+    target,
+    tokenizer,
+    renderer: ConversationTokenizer,
+    conversations: list[Conversation],
+    cfg: RegenConfig,
+    failures: list[str],
+) -> tuple[list[Conversation], int]:
+    """Answer every user turn of every conversation; returns (new conversations, new tokens)."""
+    # keep system and user turns; assistant turns are rewritten in order
+    work = [[t for t in c.turns if t.role != "assistant"] for c in conversations]
+    done: list[list[Turn]] = [[] for _ in conversations]
+    cursor = [0] * len(conversations)  # next turn of `work[i]` to copy
+    alive = set(range(len(conversations)))
+    produced = 0
+    while alive:
+        pending = []  # (row, prompt ids) of rows that still have a user turn to answer
+        for i in sorted(alive):
+            turns = work[i]
+            while cursor[i] < len(turns) and turns[cursor[i]].role != "user":
+                done[i].append(turns[cursor[i]])
+                cursor[i] += 1
+            if cursor[i] >= len(turns):
+                alive.discard(i)
+                continue
+            done[i].append(turns[cursor[i]])
+            cursor[i] += 1
+            messages = [{"role": t.role, "content": t.content} for t in done[i]]
+            try:
+                prompt = renderer.prompt_ids(messages)
+            except TemplateError as err:
+                failures.append(f"{conversations[i].id}: {err}")
+                alive.discard(i)
+                done[i] = []
+                continue
+            if len(prompt) > cfg.max_prompt_len:
+                failures.append(
+                    f"{conversations[i].id}: prompt of {len(prompt)} tokens > "
+                    f"max_prompt_len {cfg.max_prompt_len}"
+                )
+                alive.discard(i)
+                done[i] = done[i][:-1]  # keep the turns answered so far
+                continue
+            pending.append((i, prompt))
+        pending.sort(key=lambda item: len(item[1]))  # length buckets: little padding per batch
+        for start in range(0, len(pending), cfg.batch_size):
+            batch = pending[start : start + cfg.batch_size]
+            answers = _generate(target, tokenizer, [p for _, p in batch], cfg)
+            for (i, _), answer in zip(batch, answers):
+                produced += len(answer)
+                done[i].append(
+                    Turn("assistant", tokenizer.decode(answer, skip_special_tokens=True))
+                )
+    result = [
+        Conversation(c.id, turns)
+        for c, turns in zip(conversations, done)
+        if any(t.role == "assistant" for t in turns)
+    ]
+    return result, produced
+
+
+def regenerate(
+    target,
+    tokenizer,
+    renderer: ConversationTokenizer,
+    conversations: list[Conversation],
+    cfg: RegenConfig,
+    folder: Path,
+) -> list[Conversation]:
+    """Resumable regeneration into `folder/chunk_*.jsonl`; returns all regenerated conversations."""
+    folder.mkdir(parents=True, exist_ok=True)
+    chunks = [
+        conversations[i : i + cfg.chunk_rows] for i in range(0, len(conversations), cfg.chunk_rows)
+    ]
+    out: list[Conversation] = []
+    failures: list[str] = []
+    tokens, seconds = 0, 0.0
+    for index, chunk in enumerate(tqdm(chunks, desc="regenerate", unit="chunk")):
+        path = folder / f"chunk_{index:05d}.jsonl"
+        if not path.exists():
+            t0 = time.perf_counter()
+            new, produced = regenerate_chunk(target, tokenizer, renderer, chunk, cfg, failures)
+            seconds += time.perf_counter() - t0
+            tokens += produced
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(
+                "".join(json.dumps({"id": c.id, "messages": c.to_messages()}) + "\n" for c in new)
+            )
+            os.replace(tmp, path)
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            out.append(
+                Conversation(row["id"], [Turn(m["role"], m["content"]) for m in row["messages"]])
+            )
+    stats = {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / max(seconds, 1e-9),
+        "failures": failures,
+    }
+    with open(folder / "stats.jsonl", "a") as f:
+        f.write(json.dumps(stats) + "\n")
+    if failures:
+        print(f"regenerate: {len(failures)} rows skipped or cut short, e.g. {failures[:3]}")
+    return out
