@@ -113,6 +113,8 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     # heldout rows evaluated at each eval (null = all)
     eval_rows: int | None = 256
+    # end this invocation after N steps without finishing (time-boxed jobs; resume=true goes on)
+    stop_after: int | None = None
 
     def __post_init__(self) -> None:
         _check(self.source, ("offline", "online"), "train.source")
@@ -164,6 +166,8 @@ class Config:
     stage: str = "none"
     # every stage reads and writes runs/<run_name>/<stage>/
     run_name: str = "default"
+    # read prepared data / features from this run instead (ablations sharing one collection)
+    inputs_from: str | None = None
     runs_dir: str = "runs"
     seed: int = 0
     # "cpu" or "cuda"
@@ -202,6 +206,10 @@ class Config:
 
     def resolved_head_path(self) -> str:
         return self.head_path or f"{self.stage_dir('train')}/head"
+
+    def input_dir(self, stage: str) -> str:
+        """Where a stage's *inputs* from an earlier stage live (see `inputs_from`)."""
+        return f"{self.runs_dir}/{self.inputs_from or self.run_name}/{stage}"
 
     def stage_dir(self, stage: str | None = None) -> str:
         """runs/<run_name>/<stage>: where a stage writes and the next stage looks."""

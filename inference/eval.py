@@ -29,7 +29,7 @@ def benchmark_prompts(cfg: Config, tokenizer) -> list[list[int]]:
     """First user turn of each benchmark row, rendered with the target's chat template."""
     source = cfg.eval.benchmark
     if source == "heldout":
-        source = f"{cfg.stage_dir('prepare')}/heldout.jsonl"
+        source = f"{cfg.input_dir('prepare')}/heldout.jsonl"
         if not Path(source).exists():
             raise FileNotFoundError(
                 f"{source}: run `draftsmith prepare run_name={cfg.run_name}` "

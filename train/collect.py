@@ -121,7 +121,7 @@ def run(cfg: Config) -> dict:
     if cfg.verify:
         verify_shards(out)
         return json.loads((out / INDEX).read_text())
-    prepared = Path(cfg.stage_dir("prepare")) / "dataset"
+    prepared = Path(cfg.input_dir("prepare")) / "dataset"
     if not prepared.exists():
         raise FileNotFoundError(
             f"{prepared}: run `draftsmith prepare run_name={cfg.run_name}` first"
@@ -168,9 +168,8 @@ def run(cfg: Config) -> dict:
                 continue
             tensors = collect_shard(target, data, rows, lengths, aux_layers, cfg)
             tmp = path.with_suffix(".tmp")
-            save_file(
-                tensors, str(tmp), metadata={"ids": json.dumps([data[i]["id"] for i in rows])}
-            )
+            meta = {"ids": json.dumps([data[i]["id"] for i in rows]), "rows": json.dumps(rows)}
+            save_file(tensors, str(tmp), metadata=meta)
             os.replace(tmp, path)
             entries.append(
                 {

@@ -32,12 +32,16 @@ class ShardRows:
         self.max_len = max_len
         self.rows: list[tuple[int, int, int]] = []  # (shard, start, length)
         self.files = []
+        positions = []  # each row's index in the prepared dataset
         for k, shard in enumerate(self.index["splits"][split]["shards"]):
             path = self.folder / shard["file"]
             self.files.append(path)
             with safe_open(str(path), framework="pt") as f:
                 offsets = f.get_tensor("offsets").tolist()
+                positions += json.loads(f.metadata()["rows"])
             self.rows += [(k, a, min(b - a, max_len)) for a, b in zip(offsets, offsets[1:])]
+        # back to prepared-dataset order, so offline and online training see the same batches
+        self.rows = [row for _, row in sorted(zip(positions, self.rows))]
         self._handles: dict[int, object] = {}
 
     def check(self, target: TargetInfo, aux_layers: list[int] | None) -> None:

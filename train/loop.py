@@ -93,7 +93,7 @@ def setup(cfg: Config, rank: int):
     aux_layers = list(getattr(head.config, "aux_layers", []) or [])
     import datasets
 
-    prepared = Path(cfg.stage_dir("prepare")) / "dataset"
+    prepared = Path(cfg.input_dir("prepare")) / "dataset"
     if hasattr(head, "set_vocab"):
         if not prepared.exists():
             raise FileNotFoundError(f"{prepared}: the draft vocabulary is built from prepared data")
@@ -115,7 +115,7 @@ def setup(cfg: Config, rank: int):
         def make_batch_for(rows):
             return lambda idx: online_batch(target, [rows[i] for i in idx], aux_layers, dtype)
     else:
-        folder = cfg.stage_dir("collect")
+        folder = cfg.input_dir("collect")
         sources = {
             name: ShardRows(folder, name, cfg.train.max_len) for name in ("train", "heldout")
         }
@@ -162,7 +162,8 @@ def run(cfg: Config) -> dict:
     window: dict[str, float] = {}
     tokens, t0, last_good = 0, time.perf_counter(), None
     history: list[dict] = []
-    while step < total:
+    stop = total if t.stop_after is None else min(total, step + t.stop_after)
+    while step < stop:
         epoch, in_epoch = divmod(step, steps_per_epoch)
         order = batch_order(train_rows.lengths(), t.micro_batch_size, cfg.seed, epoch)
         first = in_epoch * micro_per_step
@@ -192,9 +193,8 @@ def run(cfg: Config) -> dict:
             logged["lr"] = engine.get_lr()[0]
             logged["tokens_per_second"] = tokens / (time.perf_counter() - t0)
             window, tokens, t0 = {}, 0, time.perf_counter()
-            bar.set_postfix(
-                loss=f"{logged['train/loss']:.3f}", tok_s=f"{logged['tokens_per_second']:.0f}"
-            )
+            loss = logged.get("train/loss", float("nan"))  # nan: every batch was skipped
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{logged['tokens_per_second']:.0f}")
             if tracker:
                 tracker.log(logged, step)
             history.append({"step": step, **logged})
@@ -206,11 +206,14 @@ def run(cfg: Config) -> dict:
             if held["heldout/sim_tau"] > best:
                 best = held["heldout/sim_tau"]
                 save_head(engine, head, out / "best", rank)
-        if step % t.save_every == 0 or step == total:
+        if step % t.save_every == 0 or step in (total, stop):
             rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
             state = {"step": step, "best": best, "rng": _gather(rng, world)}
             last_good = ds.save_checkpoint(engine, ckpt, step, state, t.keep_last, rank)
     bar.close()
+    if step < total:  # time-boxed: the checkpoint above is the state to resume from
+        ds.barrier()
+        return {"steps": step, "stopped_early": True}
     save_head(engine, head, out / "head", rank)
     summary = {"steps": step, "best_heldout_sim_tau": best, "head": str(out / "head")}
     if rank == 0:

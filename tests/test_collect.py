@@ -1,0 +1,66 @@
+"""Collection: batch-invariant features, byte-identical resume, verification of shard hashes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from pipeline import tiny_run
+
+from draftsmith.config import compose
+from draftsmith.features import extract_features
+from draftsmith.train import collect
+
+
+def test_features_do_not_depend_on_batch_mates(tiny_target) -> None:
+    g = torch.Generator().manual_seed(0)
+    short = torch.randint(3, 250, (1, 9), generator=g)
+    long = torch.randint(3, 250, (1, 17), generator=g)
+    alone_h, alone_a = extract_features(tiny_target, short, aux_layers=[1, 2, 3])
+    ids = torch.zeros(2, 17, dtype=torch.long)
+    ids[0] = long
+    ids[1, :9] = short
+    mask = torch.zeros(2, 17, dtype=torch.long)
+    mask[0], mask[1, :9] = 1, 1
+    batch_h, batch_a = extract_features(tiny_target, ids, mask, aux_layers=[1, 2, 3])
+    torch.testing.assert_close(batch_h[1, :9], alone_h[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(batch_a[1, :9], alone_a[0], rtol=1e-5, atol=1e-5)
+    assert alone_a.shape[-1] == 3 * alone_h.shape[-1]
+
+
+def test_resume_is_byte_identical_and_verify_names_bad_shards(tmp_path: Path, monkeypatch) -> None:
+    overrides = tiny_run(tmp_path)
+    out = tmp_path / "runs/t/collect"
+    index = json.loads((out / "index.json").read_text())
+    assert index["complete"] and index["layer_convention"] == "input_of_layer"
+    assert index["aux_layers"] == [2, 2, 1]  # [2, n//2, n-3] for the 4-layer tiny target
+    shards = sorted(out.glob("train/*.safetensors"))
+    assert len(shards) >= 3
+    original = {p.name: p.read_bytes() for p in shards}
+    # a collect killed while writing shard 2: the index lists shards 0-1, shard 2 is a temp file
+    index["complete"] = False
+    index["splits"]["train"]["shards"] = index["splits"]["train"]["shards"][:2]
+    del index["splits"]["heldout"]
+    (out / "index.json").write_text(json.dumps(index))
+    for p in shards[2:]:
+        p.unlink()
+    calls = []
+    real = collect.collect_shard
+    monkeypatch.setattr(collect, "collect_shard", lambda *a: calls.append(1) or real(*a))
+    collect.run(compose(overrides))
+    assert len(calls) == len(shards) - 2 + 1  # the missing train shards + the heldout shard
+    assert {p.name: p.read_bytes() for p in sorted(out.glob("train/*.safetensors"))} == original
+    assert collect.verify_shards(out) == len(shards) + 1
+    data = bytearray(shards[1].read_bytes())
+    data[-5] ^= 0xFF
+    shards[1].write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=shards[1].name):
+        collect.run(compose([*overrides, "verify=true"]))
+
+
+def test_collect_refuses_other_settings(tmp_path: Path) -> None:
+    overrides = tiny_run(tmp_path, rows=12)
+    with pytest.raises(ValueError, match="other settings"):
+        collect.run(compose([*overrides, "collect.aux_layers=[1,2,3]"]))

@@ -1,0 +1,104 @@
+"""Loss masks cover exactly the assistant tokens for several template styles; bad input is
+counted and skipped with its reason; regeneration resumes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from draftsmith.config import compose
+from draftsmith.conversations import Conversation, Turn
+from draftsmith.target import load_tokenizer
+from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
+
+LLAMA3 = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
+    "'<|end_header_id|>\n\n' + m['content'] + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{% endif %}"
+)
+MISTRAL = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
+    "{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}"
+    "{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+CONV = Conversation("c", [Turn("user", "Hi there"), Turn("assistant", "Hello!"),
+                          Turn("user", "And?"), Turn("assistant", "Bye.")])
+
+
+@pytest.mark.parametrize("template,end", [
+    (None, "<|im_end|>\n"),  # the tiny target's ChatML, as SmolLM2 renders it
+    (LLAMA3, "<|eot_id|>"),
+    (MISTRAL, "<|im_end|>"),  # Mistral closes replies with eos
+])
+def test_loss_mask_is_exactly_the_assistant_text(template, end, tiny_tokenizer) -> None:
+    tokenizer = load_tokenizer(str(Path(tiny_tokenizer.name_or_path)))
+    if template is not None:
+        tokenizer.chat_template = template
+    out = ConversationTokenizer(tokenizer)(CONV)
+    masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
+    unmasked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if not m])
+    assert masked == f"Hello!{end}Bye.{end}"
+    assert "Hi there" in unmasked and "And?" in unmasked and "Hello" not in unmasked
+
+
+def test_bad_rows_are_rejected_with_reasons(tiny_tokenizer) -> None:
+    renderer = ConversationTokenizer(tiny_tokenizer, max_len=8, length_policy="drop")
+    with pytest.raises(TemplateError, match="no assistant turn"):
+        renderer(Conversation("x", [Turn("user", "q")]))
+    with pytest.raises(TemplateError, match="too long"):
+        renderer(CONV)
+    tokenizer = load_tokenizer(tiny_tokenizer.name_or_path)
+    tokenizer.chat_template = MISTRAL
+    with pytest.raises(TemplateError, match="template rejected"):
+        ConversationTokenizer(tokenizer)(Conversation("y", [Turn("assistant", "a")]))
+    tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="data.template=plain"):
+        ConversationTokenizer(tokenizer)
+    plain = ConversationTokenizer(tokenizer, template="plain")(CONV)
+    assert tokenizer.decode([t for t, m in zip(plain.input_ids, plain.loss_mask) if m]) == (
+        "Hello!<|im_end|>\nBye.<|im_end|>\n"
+    )
+
+
+def write_conversations(path: Path) -> None:
+    rows = [{"id": f"r{i}", "conversations": [
+        {"from": "human", "value": f"question {i}?"}, {"from": "gpt", "value": f"answer {i}."},
+        {"from": "human", "value": "more"}, {"from": "gpt", "value": "ok " * (i % 5)},
+    ]} for i in range(30)]
+    rows.append({"id": "bad", "conversations": [{"from": "alien", "value": "?"}]})
+    rows.append({"id": "noasst", "conversations": [{"from": "human", "value": "only a question"}]})
+    path.write_text(json.dumps(rows))
+
+
+def test_prepare_with_regeneration_resumes(tmp_path: Path, monkeypatch) -> None:
+    from draftsmith.train import prepare, regenerate
+
+    write_conversations(tmp_path / "data.json")
+    overrides = [f"runs_dir={tmp_path}/runs", "target=tiny-random-llama",
+                 f"data.path={tmp_path}/data.json", "data.regenerate=true", "data.heldout=4",
+                 "data.regen.max_new_tokens=8", "data.regen.chunk_rows=8"]
+    calls = []
+    real = regenerate._generate
+    monkeypatch.setattr(regenerate, "_generate", lambda *a: calls.append(1) or real(*a))
+    stats = prepare.run(compose(overrides))
+    assert stats["source"]["skipped"] == {"unknown role": 1}
+    # the question-only row got its answer from the target
+    assert stats["skipped"] == {} and stats["rows"] == {"heldout": 3, "train": 28}
+    assert stats["regenerated"]
+    first = len(calls)
+    out = tmp_path / "runs/default/prepare"
+    chunks = sorted((out / "regen/train").glob("chunk_*.jsonl"))
+    assert len(chunks) == 4
+    regen = [json.loads(x) for x in chunks[0].read_text().splitlines()]
+    assert [m["role"] for m in regen[0]["messages"]] == ["user", "assistant", "user", "assistant"]
+    # a killed run: the stage marker and one chunk are gone; the rerun redoes only that chunk
+    (out / "stats.json").unlink()
+    chunks[1].unlink()
+    prepare.run(compose(overrides))
+    assert 0 < len(calls) - first < first
+    assert (out / "heldout.jsonl").exists() and (out / "dataset" / "train").exists()
