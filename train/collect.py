@@ -168,7 +168,9 @@ def run(cfg: Config) -> dict:
                 continue
             tensors = collect_shard(target, data, rows, lengths, aux_layers, cfg)
             tmp = path.with_suffix(".tmp")
-            meta = {"ids": json.dumps([data[i]["id"] for i in rows]), "rows": json.dumps(rows)}
+            # one metadata key: safetensors writes its metadata map in no fixed order, and
+            # resumed shards must be byte-identical
+            meta = {"rows": json.dumps([[i, data[i]["id"]] for i in rows])}
             save_file(tensors, str(tmp), metadata=meta)
             os.replace(tmp, path)
             entries.append(

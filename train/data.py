@@ -38,7 +38,7 @@ class ShardRows:
             self.files.append(path)
             with safe_open(str(path), framework="pt") as f:
                 offsets = f.get_tensor("offsets").tolist()
-                positions += json.loads(f.metadata()["rows"])
+                positions += [i for i, _ in json.loads(f.metadata()["rows"])]
             self.rows += [(k, a, min(b - a, max_len)) for a, b in zip(offsets, offsets[1:])]
         # back to prepared-dataset order, so offline and online training see the same batches
         self.rows = [row for _, row in sorted(zip(positions, self.rows))]
