@@ -94,6 +94,12 @@ class TargetParts:
         """Target logits from pre-norm features: lm_head(norm(hidden))."""
         return self.lm_head(self.norm(hidden))
 
+    @torch.no_grad()
+    def top_tokens(self, hidden: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+        """The target's greedy next token at every position [B, T] (chunked: [B, T, V] logits
+        would not fit for real vocabularies)."""
+        return torch.cat([self.logits(h).argmax(-1) for h in hidden.split(chunk, dim=1)], dim=1)
+
 
 @dataclass
 class HeadBatch:
@@ -104,6 +110,8 @@ class HeadBatch:
     hidden: torch.Tensor  # [B, T, H] last decoder layer output, before the final norm
     aux: torch.Tensor | None = None  # [B, T, 3H] EAGLE-3 low/mid/high layer outputs
     lengths: torch.Tensor | None = None  # [B] valid tokens per row (None: all valid)
+    # [B, T] the target's argmax next token at each position, if precomputed (collect does)
+    target_top: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> HeadBatch:
         def move(t: torch.Tensor | None, float_like: bool) -> torch.Tensor | None:
@@ -117,6 +125,7 @@ class HeadBatch:
             move(self.hidden, True),
             move(self.aux, True),
             move(self.lengths, False),
+            move(self.target_top, False),
         )
 
     def valid(self) -> torch.Tensor:

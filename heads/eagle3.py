@@ -97,15 +97,13 @@ class Eagle3Head(AutoregressiveHead):
     def step_loss(self, i, hidden_out, batch: HeadBatch, select, scratch):
         if not scratch:
             # once per batch: the target's distribution restricted to the draft vocab, and its
-            # full-vocab top-1 (chunked: [B, T, V] logits would not fit for real vocabularies)
+            # full-vocab top-1 (precomputed by collect, or computed here)
             with torch.no_grad():
                 normed = self.parts.norm(batch.hidden)
                 weight = self.parts.lm_head.weight[self.draft_token_ids()]  # [Vd, H]
                 scratch["probs"] = torch.softmax(F.linear(normed, weight).float(), dim=-1)
-                scratch["top"] = torch.cat(
-                    [self.parts.lm_head(chunk).argmax(-1) for chunk in normed.split(256, dim=1)],
-                    dim=1,
-                )  # [B, T]
+                top = batch.target_top
+                scratch["top"] = self.parts.top_tokens(batch.hidden) if top is None else top
         top = shifted(scratch["top"], i + 1)  # target's top-1 for the predicted token
         probs = shifted(scratch["probs"], i + 1)[select]  # [M, Vd]
         logits = self.draft_logits(hidden_out[select]).float()  # [M, Vd]

@@ -11,13 +11,33 @@ from draftsmith.config import compose
 def tiny_run(root: Path, rows: int = 40, extra: list[str] | None = None) -> list[str]:
     """Prepare and collect a tiny run under `root`; returns the overrides naming it."""
     data = root / "data.jsonl"
-    data.write_text("".join(json.dumps({"id": f"r{i}", "messages": [
-        {"role": "user", "content": f"Count from {i} please."},
-        {"role": "assistant", "content": " ".join(str(i + j) for j in range(8 + i % 7))},
-    ]}) + "\n" for i in range(rows)))
-    overrides = [f"runs_dir={root}/runs", "run_name=t", "target=tiny-random-llama",
-                 f"data.path={data}", "data.heldout=6", "collect.shard_tokens=800",
-                 *(extra or [])]
+    data.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"r{i}",
+                    "messages": [
+                        {"role": "user", "content": f"Count from {i} please."},
+                        {
+                            "role": "assistant",
+                            "content": " ".join(str(i + j) for j in range(8 + i % 7)),
+                        },
+                    ],
+                }
+            )
+            + "\n"
+            for i in range(rows)
+        )
+    )
+    overrides = [
+        f"runs_dir={root}/runs",
+        "run_name=t",
+        "target=tiny-random-llama",
+        f"data.path={data}",
+        "data.heldout=6",
+        "collect.shard_tokens=800",
+        *(extra or []),
+    ]
     from draftsmith.train import collect, prepare
 
     prepare.run(compose(overrides))

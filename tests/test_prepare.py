@@ -26,15 +26,25 @@ MISTRAL = (
     "{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}"
     "{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}"
 )
-CONV = Conversation("c", [Turn("user", "Hi there"), Turn("assistant", "Hello!"),
-                          Turn("user", "And?"), Turn("assistant", "Bye.")])
+CONV = Conversation(
+    "c",
+    [
+        Turn("user", "Hi there"),
+        Turn("assistant", "Hello!"),
+        Turn("user", "And?"),
+        Turn("assistant", "Bye."),
+    ],
+)
 
 
-@pytest.mark.parametrize("template,end", [
-    (None, "<|im_end|>\n"),  # the tiny target's ChatML, as SmolLM2 renders it
-    (LLAMA3, "<|eot_id|>"),
-    (MISTRAL, "<|im_end|>"),  # Mistral closes replies with eos
-])
+@pytest.mark.parametrize(
+    "template,end",
+    [
+        (None, "<|im_end|>\n"),  # the tiny target's ChatML, as SmolLM2 renders it
+        (LLAMA3, "<|eot_id|>"),
+        (MISTRAL, "<|im_end|>"),  # Mistral closes replies with eos
+    ],
+)
 def test_loss_mask_is_exactly_the_assistant_text(template, end, tiny_tokenizer) -> None:
     tokenizer = load_tokenizer(str(Path(tiny_tokenizer.name_or_path)))
     if template is not None:
@@ -66,10 +76,18 @@ def test_bad_rows_are_rejected_with_reasons(tiny_tokenizer) -> None:
 
 
 def write_conversations(path: Path) -> None:
-    rows = [{"id": f"r{i}", "conversations": [
-        {"from": "human", "value": f"question {i}?"}, {"from": "gpt", "value": f"answer {i}."},
-        {"from": "human", "value": "more"}, {"from": "gpt", "value": "ok " * (i % 5)},
-    ]} for i in range(30)]
+    rows = [
+        {
+            "id": f"r{i}",
+            "conversations": [
+                {"from": "human", "value": f"question {i}?"},
+                {"from": "gpt", "value": f"answer {i}."},
+                {"from": "human", "value": "more"},
+                {"from": "gpt", "value": "ok " * (i % 5)},
+            ],
+        }
+        for i in range(30)
+    ]
     rows.append({"id": "bad", "conversations": [{"from": "alien", "value": "?"}]})
     rows.append({"id": "noasst", "conversations": [{"from": "human", "value": "only a question"}]})
     path.write_text(json.dumps(rows))
@@ -79,9 +97,15 @@ def test_prepare_with_regeneration_resumes(tmp_path: Path, monkeypatch) -> None:
     from draftsmith.train import prepare, regenerate
 
     write_conversations(tmp_path / "data.json")
-    overrides = [f"runs_dir={tmp_path}/runs", "target=tiny-random-llama",
-                 f"data.path={tmp_path}/data.json", "data.regenerate=true", "data.heldout=4",
-                 "data.regen.max_new_tokens=8", "data.regen.chunk_rows=8"]
+    overrides = [
+        f"runs_dir={tmp_path}/runs",
+        "target=tiny-random-llama",
+        f"data.path={tmp_path}/data.json",
+        "data.regenerate=true",
+        "data.heldout=4",
+        "data.regen.max_new_tokens=8",
+        "data.regen.chunk_rows=8",
+    ]
     calls = []
     real = regenerate._generate
     monkeypatch.setattr(regenerate, "_generate", lambda *a: calls.append(1) or real(*a))

@@ -17,8 +17,12 @@ from safetensors.torch import load_file
 from draftsmith.config import compose
 from draftsmith.train import loop
 
-TRAIN = ["train.eval_every=1000", "train.micro_batch_size=2", "train.warmup_steps=2",
-         "train.lr=3e-3"]
+TRAIN = [
+    "train.eval_every=1000",
+    "train.micro_batch_size=2",
+    "train.warmup_steps=2",
+    "train.lr=3e-3",
+]
 HEAD = ["head=eagle3", "head.draft_vocab_size=128", "head.ttt_steps=2", *TRAIN]
 
 
@@ -38,8 +42,17 @@ def runs_dir(overrides: list[str]) -> str:
 
 
 def test_tiny_head_overfits(run_overrides) -> None:
-    loop.run(compose([*run_overrides, "train.max_steps=150", "train.log_every=1",
-                      "train.save_every=1000", "train.eval_every=30"]))
+    loop.run(
+        compose(
+            [
+                *run_overrides,
+                "train.max_steps=150",
+                "train.log_every=1",
+                "train.save_every=1000",
+                "train.eval_every=30",
+            ]
+        )
+    )
     curve = losses(runs_dir(run_overrides), "t")
     acc = losses(runs_dir(run_overrides), "t", "train/acc_0")
     first, last = curve[1], sum(curve[s] for s in range(146, 151)) / 5
@@ -54,8 +67,15 @@ def test_tiny_head_overfits(run_overrides) -> None:
 
 def test_resume_continues_the_loss_curve_exactly(run_overrides) -> None:
     base = run_overrides[: -len(HEAD)]
-    common = [*base, *TRAIN, "train.max_steps=8", "train.log_every=1", "train.save_every=4",
-              "head=eagle1", "head.feature_noise=0.2"]  # noise: the RNG state must be restored
+    common = [
+        *base,
+        *TRAIN,
+        "train.max_steps=8",
+        "train.log_every=1",
+        "train.save_every=4",
+        "head=eagle1",
+        "head.feature_noise=0.2",
+    ]  # noise: the RNG state must be restored
     loop.run(compose([*common, "run_name=full", "inputs_from=t"]))
     loop.run(compose([*common, "run_name=cut", "inputs_from=t", "train.stop_after=4"]))
     loop.run(compose([*common, "run_name=cut", "inputs_from=t", "resume=true"]))
@@ -72,10 +92,13 @@ def _clean_env() -> dict[str, str]:
 def test_two_ranks_match_one_rank(run_overrides) -> None:
     common = [*run_overrides, "train.max_steps=3", "deepspeed=zero2", "train.save_every=1000"]
     cli = [sys.executable, "-m", "draftsmith.cli", "train"]
-    for extra in (["run_name=one", "inputs_from=t", "train.grad_accum=2"],
-                  ["run_name=two", "inputs_from=t", "launcher=deepspeed", "nproc=2"]):
-        result = subprocess.run([*cli, *common, *extra], env=_clean_env(), capture_output=True,
-                                text=True, timeout=600)
+    for extra in (
+        ["run_name=one", "inputs_from=t", "train.grad_accum=2"],
+        ["run_name=two", "inputs_from=t", "launcher=deepspeed", "nproc=2"],
+    ):
+        result = subprocess.run(
+            [*cli, *common, *extra], env=_clean_env(), capture_output=True, text=True, timeout=600
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     root = Path(runs_dir(run_overrides))
     one = load_file(str(root / "one/train/head/model.safetensors"))
@@ -97,8 +120,19 @@ def test_online_matches_offline(run_overrides) -> None:
 def test_wandb_offline_run_files(run_overrides, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    loop.run(compose([*run_overrides, "run_name=wb", "inputs_from=t", "tracking=wandb", "train.max_steps=2",
-                      "train.log_every=1", "train.save_every=1000"]))
+    loop.run(
+        compose(
+            [
+                *run_overrides,
+                "run_name=wb",
+                "inputs_from=t",
+                "tracking=wandb",
+                "train.max_steps=2",
+                "train.log_every=1",
+                "train.save_every=1000",
+            ]
+        )
+    )
     files = list((Path(runs_dir(run_overrides)) / "wb/train/wandb").glob("offline-run-*/*.wandb"))
     assert files, "no offline W&B run file"
     data = files[0].read_bytes()
@@ -122,8 +156,14 @@ def test_non_finite_loss_stops_or_skips(run_overrides, monkeypatch) -> None:
     with pytest.raises(loop.NonFiniteLoss, match=r"at step 2 .*batch rows.*step_00000002"):
         loop.run(compose([*common, "run_name=nan_stop", "inputs_from=t"]))
     calls.clear()
-    summary = loop.run(compose([*common, "run_name=nan_skip", "inputs_from=t", "train.nan_policy=skip"]))
+    summary = loop.run(
+        compose([*common, "run_name=nan_skip", "inputs_from=t", "train.nan_policy=skip"])
+    )
     assert summary["steps"] == 4
-    rows = [json.loads(x) for x in
-            (Path(runs_dir(run_overrides)) / "nan_skip/train/metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x)
+        for x in (Path(runs_dir(run_overrides)) / "nan_skip/train/metrics.jsonl")
+        .read_text()
+        .splitlines()
+    ]
     assert sum(r.get("train/skipped", 0) for r in rows) == 1

@@ -2,7 +2,8 @@
 
 One no-grad target forward per length-bucketed batch; forward hooks capture the last decoder
 layer's output (before the final norm) and the EAGLE-3 aux layers. Each shard holds concatenated
-rows: input_ids [N] int32, loss_mask [N] uint8, hidden [N, H], aux [N, kH], offsets [rows+1].
+rows: input_ids [N] int32, loss_mask [N] uint8, hidden [N, H], aux [N, kH], target_top [N] int32
+(the target's greedy next token, so training needs no full-vocabulary pass), offsets [rows+1].
 `index.json` records the target, the layer ids and their convention, dtypes, token counts and the
 sha256 of every shard; it is rewritten atomically after each shard. The shard plan depends only
 on the prepared data, so an interrupted collect resumes at the first missing shard and produces
@@ -22,6 +23,7 @@ from tqdm import tqdm
 from draftsmith.assets import sha256_file
 from draftsmith.conf.schema import Config
 from draftsmith.features import LAYER_CONVENTION, extract_features
+from draftsmith.heads import TargetParts
 from draftsmith.heads.eagle3 import default_aux_layers
 from draftsmith.target import load_target, target_name, torch_dtype
 
@@ -67,7 +69,9 @@ def collect_shard(
         "loss_mask": [],
         "hidden": [],
         "aux": [],
+        "target_top": [],
     }
+    target_parts = TargetParts.from_model(target)
     for batch in plan_batches(rows, lengths, cfg.collect.tokens_per_batch):
         width = max(lengths[i] for i in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
@@ -76,12 +80,14 @@ def collect_shard(
             ids[r, : lengths[i]] = torch.tensor(dataset[i]["input_ids"])
             attention[r, : lengths[i]] = 1
         hidden, aux = extract_features(target, ids.to(device), attention.to(device), aux_layers)
+        top = target_parts.top_tokens(hidden)  # the target's own greedy labels, in its dtype
         for r, i in enumerate(batch):
             n = lengths[i]
             parts["input_ids"].append(ids[r, :n].to(torch.int32))
             parts["loss_mask"].append(torch.tensor(dataset[i]["loss_mask"], dtype=torch.uint8))
             parts["hidden"].append(hidden[r, :n].to(storage).cpu())
             parts["aux"].append(aux[r, :n].to(storage).cpu())
+            parts["target_top"].append(top[r, :n].to(torch.int32).cpu())
     # shards store rows in plan order; offsets delimit them
     offsets = torch.tensor([0] + [lengths[i] for i in rows]).cumsum(0)
     return {**{k: torch.cat(v) for k, v in parts.items()}, "offsets": offsets}

@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from draftsmith.features import LAYER_CONVENTION, extract_features
-from draftsmith.heads import HeadBatch, TargetInfo
+from draftsmith.heads import HeadBatch, TargetInfo, TargetParts
 
 
 class ShardRows:
@@ -83,10 +83,8 @@ class ShardRows:
         if shard not in self._handles:
             self._handles[shard] = safe_open(str(self.files[shard]), framework="pt")
         f = self._handles[shard]
-        return {
-            key: f.get_slice(key)[start : start + n]
-            for key in ("input_ids", "loss_mask", "hidden", "aux")
-        }
+        keys = ("input_ids", "loss_mask", "hidden", "aux", "target_top")
+        return {key: f.get_slice(key)[start : start + n] for key in keys if key in f.keys()}
 
 
 def collate(rows: list[dict[str, torch.Tensor]], dtype: torch.dtype) -> HeadBatch:
@@ -98,13 +96,16 @@ def collate(rows: list[dict[str, torch.Tensor]], dtype: torch.dtype) -> HeadBatc
     hidden = torch.zeros(B, width, rows[0]["hidden"].shape[-1], dtype=dtype)
     aux = torch.zeros(B, width, rows[0]["aux"].shape[-1], dtype=dtype)
     lengths = torch.tensor([r["input_ids"].shape[0] for r in rows])
+    top = torch.zeros(B, width, dtype=torch.long) if "target_top" in rows[0] else None
     for b, r in enumerate(rows):
         n = r["input_ids"].shape[0]
         ids[b, :n] = r["input_ids"].long()
         mask[b, :n] = r["loss_mask"].float()
         hidden[b, :n] = r["hidden"].to(dtype)
         aux[b, :n] = r["aux"].to(dtype)
-    return HeadBatch(ids, mask, hidden, aux, lengths)
+        if top is not None:
+            top[b, :n] = r["target_top"].long()
+    return HeadBatch(ids, mask, hidden, aux, lengths, top)
 
 
 def batch_order(lengths: list[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
@@ -158,5 +159,6 @@ def online_batch(
         ids[b, :n], mask[b, :n], attention[b, :n] = r["input_ids"], r["loss_mask"].float(), 1
     device = next(target.parameters()).device
     hidden, aux = extract_features(target, ids.to(device), attention.to(device), aux_layers)
+    top = TargetParts.from_model(target).top_tokens(hidden).cpu()
     lengths = attention.sum(1)
-    return HeadBatch(ids, mask, hidden.to(dtype).cpu(), aux.to(dtype).cpu(), lengths)
+    return HeadBatch(ids, mask, hidden.to(dtype).cpu(), aux.to(dtype).cpu(), lengths, top)

@@ -99,6 +99,13 @@ def build_engine(head: torch.nn.Module, cfg: Config, total_steps: int):
     return engine
 
 
+def autocast(cfg: Config):
+    """Mixed precision for the head's forward on CPU (bf16 matmuls, fp32 master weights); on
+    CUDA the DeepSpeed bf16 engine already runs the head in bf16."""
+    enabled = cfg.device == "cpu" and cfg.dtype == "bfloat16"
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
+
+
 def barrier() -> None:
     import torch.distributed as dist
 

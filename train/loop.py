@@ -13,6 +13,7 @@ run continues at the same micro-batch with restored RNG states.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -36,12 +37,15 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
-def train_step(engine, batches: list[HeadBatch], nan_policy: str = "stop") -> dict[str, float]:
+def train_step(
+    engine, batches: list[HeadBatch], nan_policy: str = "stop", precision=contextlib.nullcontext
+) -> dict[str, float]:
     """One optimizer step over `batches` (this rank's micro-batches). Returns mean metrics."""
     sums: dict[str, float] = {}
     used = 0
     for batch in batches:
-        loss, metrics = engine(batch)
+        with precision():
+            loss, metrics = engine(batch)
         if not ds.all_ranks_finite(loss):
             if nan_policy == "stop":
                 raise NonFiniteLoss(f"non-finite loss {loss.item()}")
@@ -64,7 +68,8 @@ def evaluate(engine, rows, cfg: Config, make_batch) -> dict[str, float]:
     order = sorted(range(limit), key=lambda i: rows.lengths()[i])
     size = cfg.train.micro_batch_size
     for s in range(0, limit, size):
-        _, metrics = engine(make_batch([order[j] for j in range(s, min(s + size, limit))]))
+        with ds.autocast(cfg):
+            _, metrics = engine(make_batch([order[j] for j in range(s, min(s + size, limit))]))
         for k, v in metrics.items():
             if k.startswith(("acc_", "loss_")):
                 weight = metrics.get(f"count_{k.split('_')[1]}", 1.0)
@@ -82,12 +87,7 @@ def setup(cfg: Config, rank: int):
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     online = cfg.train.source == "online"
-    target = load_target(
-        cfg.target.path,
-        "float32" if not online else cfg.dtype,
-        cfg.device,
-        cfg.target.trust_remote_code,
-    )
+    target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
     info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
     head = build_head(cfg.head, info).bind(TargetParts.from_model(target))
     aux_layers = list(getattr(head.config, "aux_layers", []) or [])
@@ -170,7 +170,7 @@ def run(cfg: Config) -> dict:
         mine = [order[first + g * world + rank] for g in range(t.grad_accum)]
         batches = [train_batch(idx) for idx in mine]
         try:
-            metrics = train_step(engine, batches, t.nan_policy)
+            metrics = train_step(engine, batches, t.nan_policy, lambda: ds.autocast(cfg))
         except NonFiniteLoss as err:
             rows = [
                 train_rows.rows[i] if hasattr(train_rows, "rows") else i

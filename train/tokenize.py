@@ -89,6 +89,8 @@ class ConversationTokenizer:
         if last < 0:
             raise TemplateError("no assistant turn")
         messages = conversation.to_messages()[: last + 1]  # trailing user turns carry no loss
+        while messages and messages[0]["role"] == "assistant":  # a reply to nothing: no prompt
+            messages = messages[1:]
         text, spans = self.assistant_spans(messages)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
