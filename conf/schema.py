@@ -137,6 +137,18 @@ class DeepSpeedConfig:
 
 
 @dataclass
+class ExportConfig:
+    # native | sglang | vllm | trtllm | medusa-vllm | medusa (see README "Serving")
+    format: str = "sglang"
+    # output folder (empty = runs/<run>/export/<format>)
+    out: str = ""
+    # replace an existing output folder
+    overwrite: bool = False
+    # draft tokens per step written into the vLLM speculators config
+    num_speculative_tokens: int = 3
+
+
+@dataclass
 class EvalConfig:
     # prompts: mt-bench | humaneval | heldout (prepared data) | a JSON/JSONL file of prompts
     benchmark: str = "mt-bench"
@@ -194,6 +206,7 @@ class Config:
     # `draftsmith collect verify=true`: re-hash every shard against the index and stop
     verify: bool = False
     eval: EvalConfig = field(default_factory=EvalConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     # free-form extras an experiment file may carry (notes, tags)
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -16,6 +16,7 @@ STAGES: dict[str, str] = {
     "collect": "draftsmith.train.collect:run",
     "train": "draftsmith.train.launch:run",
     "eval": "draftsmith.inference.eval:run",
+    "export": "draftsmith.export:run",
 }
 
 USAGE = """usage: draftsmith <command> [overrides...]

@@ -18,6 +18,7 @@ from draftsmith.conf.schema import (
     DataConfig,
     DeepSpeedConfig,
     EvalConfig,
+    ExportConfig,
     TargetConfig,
     TrainConfig,
 )
@@ -34,6 +35,7 @@ def register_schemas() -> None:
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="tree", name="tree_schema", node=TreeSpec)
     cs.store(group="eval", name="eval_schema", node=EvalConfig)
+    cs.store(group="export", name="export_schema", node=ExportConfig)
     cs.store(group="train", name="train_schema", node=TrainConfig)
     cs.store(group="deepspeed", name="deepspeed_schema", node=DeepSpeedConfig)
     for name, (config_class, _) in HEADS.items():

@@ -39,13 +39,23 @@ def build_head(config: HeadConfig | dict, target: TargetInfo) -> DraftHead:
 
 
 def load_head(folder: str | Path, target: TargetInfo | None = None) -> DraftHead:
-    """Load a head folder (config.json + model.safetensors); refuse one built for another target."""
-    data = read_head_config(folder)
-    built_for = TargetInfo(**data["target"])
-    if target is not None:
-        built_for.check_compatible(target, f"head {folder}")
-    head = build_head({**data["head_config"], "name": data["draftsmith_head"]}, built_for)
-    return load_weights(head, folder)
+    """Load a head folder: ours (config.json + model.safetensors, refused if built for another
+    target) or a foreign one (official EAGLE/EAGLE-3, speculators, Medusa), imported for `target`."""
+    import json
+
+    from draftsmith.heads.formats import import_head
+
+    config_path = Path(folder) / "config.json"
+    if config_path.exists() and "draftsmith_head" in json.loads(config_path.read_text()):
+        data = read_head_config(folder)
+        built_for = TargetInfo(**data["target"])
+        if target is not None:
+            built_for.check_compatible(target, f"head {folder}")
+        head = build_head({**data["head_config"], "name": data["draftsmith_head"]}, built_for)
+        return load_weights(head, folder)
+    if target is None:
+        raise ValueError(f"{folder}: a foreign head folder needs the target's TargetInfo to import")
+    return import_head(folder, target)
 
 
 __all__ = [

@@ -1,0 +1,28 @@
+"""`draftsmith export`: a trained (or imported) head -> a serving folder.
+
+`head_path` may be one of our head folders or a foreign one (official EAGLE/EAGLE-3, speculators,
+FasterDecoding or vLLM Medusa), which is imported first; `format=native` therefore also converts
+foreign heads into ours. The target named by `target=` must be the one the head was built for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftsmith.conf.schema import Config
+from draftsmith.heads import TargetInfo, TargetParts, load_head
+from draftsmith.heads.formats import FORMATS, export_head
+from draftsmith.target import load_target, target_name
+
+
+def run(cfg: Config) -> Path:
+    e = cfg.export
+    if e.format not in FORMATS:
+        raise ValueError(f"format={e.format!r}: expected one of {list(FORMATS)}")
+    target = load_target(cfg.target.path, "float32", "cpu", cfg.target.trust_remote_code)
+    info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
+    head = load_head(cfg.resolved_head_path(), info).bind(TargetParts.from_model(target))
+    out = Path(e.out or f"{cfg.stage_dir('export')}/{e.format}")
+    export_head(head, e.format, out, e.overwrite, e.num_speculative_tokens)
+    print(f"export: {head.name} head -> {e.format} folder {out}")
+    return out
