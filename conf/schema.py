@@ -39,6 +39,9 @@ class RegenConfig:
     chunk_rows: int = 64
     # longer prompts are skipped (and logged)
     max_prompt_len: int = 1024
+    # regenerate only the first N conversations of each split (null = all); the rest keep
+    # their original answers (regeneration is the slow part of prepare on a CPU)
+    rows: int | None = None
 
 
 @dataclass

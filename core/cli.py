@@ -17,6 +17,7 @@ STAGES: dict[str, str] = {
     "train": "draftsmith.train.launch:run",
     "eval": "draftsmith.inference.eval:run",
     "export": "draftsmith.export:run",
+    "run": "draftsmith.pipeline:run",
 }
 
 USAGE = """usage: draftsmith <command> [overrides...]

@@ -52,38 +52,54 @@ def from_output_convention(ids: list[int]) -> list[int]:
 # ---- configs -------------------------------------------------------------------------------
 def _llama_fields(t: TargetInfo, num_layers: int) -> dict[str, Any]:
     return {
-        "model_type": "llama", "hidden_size": t.hidden_size,
-        "intermediate_size": t.intermediate_size, "num_attention_heads": t.num_attention_heads,
-        "num_key_value_heads": t.num_key_value_heads, "head_dim": t.head_dim,
-        "rms_norm_eps": t.rms_norm_eps, "rope_theta": t.rope_theta, "rope_scaling": None,
-        "max_position_embeddings": t.max_position_embeddings, "vocab_size": t.vocab_size,
-        "num_hidden_layers": num_layers, "hidden_act": t.hidden_act,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "model_type": "llama",
+        "hidden_size": t.hidden_size,
+        "intermediate_size": t.intermediate_size,
+        "num_attention_heads": t.num_attention_heads,
+        "num_key_value_heads": t.num_key_value_heads,
+        "head_dim": t.head_dim,
+        "rms_norm_eps": t.rms_norm_eps,
+        "rope_theta": t.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": t.max_position_embeddings,
+        "vocab_size": t.vocab_size,
+        "num_hidden_layers": num_layers,
+        "hidden_act": t.hidden_act,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
     }
 
 
 def _eagle3_config(head: DraftHead, fmt: str, num_speculative_tokens: int) -> dict[str, Any]:
     t, c = head.target, head.config
-    base = {**_llama_fields(t, 1), "draft_vocab_size": c.draft_vocab_size,
-            "target_hidden_size": t.hidden_size}
+    base = {
+        **_llama_fields(t, 1),
+        "draft_vocab_size": c.draft_vocab_size,
+        "target_hidden_size": t.hidden_size,
+    }
     is_default = list(c.aux_layers) == default_aux_layers(t.num_layers)
     if fmt == "vllm":
         return {
-            "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
             "speculators_version": "0.3.0",
             "speculators_config": {
                 "algorithm": "eagle3",
-                "proposal_methods": [{"proposal_type": "greedy",
-                                      "speculative_tokens": num_speculative_tokens}],
+                "proposal_methods": [
+                    {"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens}
+                ],
                 "default_proposal_method": "greedy",
                 "verifier": {"name_or_path": t.name, "architectures": ["LlamaForCausalLM"]},
             },
             "transformer_layer_config": _llama_fields(t, 1),
-            "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": None,
+            "draft_vocab_size": c.draft_vocab_size,
+            "target_hidden_size": None,
             # our layer keeps the un-normed hidden as residual; vLLM assumes True when absent
             "norm_before_residual": False,
             "eagle_aux_hidden_state_layer_ids": list(c.aux_layers),  # vLLM: input of layer k
-            "norm_before_fc": False, "fc_norm": False, "norm_output": False,
+            "norm_before_fc": False,
+            "fc_norm": False,
+            "norm_output": False,
         }
     eagle = {"use_aux_hidden_state": True}
     if not is_default:
@@ -93,21 +109,35 @@ def _eagle3_config(head: DraftHead, fmt: str, num_speculative_tokens: int) -> di
 
 def _eagle1_config(head: DraftHead, fmt: str) -> dict[str, Any]:
     arch = "LlamaForCausalLMEagle" if fmt == "sglang" else "EagleLlamaForCausalLM"
-    return {**_llama_fields(head.target, head.config.num_layers), "architectures": [arch],
-            "bias": head.config.fc_bias}
+    return {
+        **_llama_fields(head.target, head.config.num_layers),
+        "architectures": [arch],
+        "bias": head.config.fc_bias,
+    }
 
 
 def _medusa_config(head: DraftHead, fmt: str) -> dict[str, Any]:
     t, c = head.target, head.config
     if fmt == "medusa-vllm":
-        return {"model_type": "medusa", "architectures": ["MedusaModel"],
-                "hidden_size": t.hidden_size, "vocab_size": t.vocab_size,
-                "num_heads": c.num_heads, "num_hidden_layers": c.num_layers,
-                "truncated_vocab_size": None, "medusa_fc_bias": True,
-                "original_lm_head": not c.own_lm_head}
-    return {"medusa_num_heads": c.num_heads, "medusa_num_layers": c.num_layers,
-            "base_model_name_or_path": t.name, "version": "1" if c.own_lm_head else "2",
-            "hidden_size": t.hidden_size, "vocab_size": t.vocab_size}
+        return {
+            "model_type": "medusa",
+            "architectures": ["MedusaModel"],
+            "hidden_size": t.hidden_size,
+            "vocab_size": t.vocab_size,
+            "num_heads": c.num_heads,
+            "num_hidden_layers": c.num_layers,
+            "truncated_vocab_size": None,
+            "medusa_fc_bias": True,
+            "original_lm_head": not c.own_lm_head,
+        }
+    return {
+        "medusa_num_heads": c.num_heads,
+        "medusa_num_layers": c.num_layers,
+        "base_model_name_or_path": t.name,
+        "version": "1" if c.own_lm_head else "2",
+        "hidden_size": t.hidden_size,
+        "vocab_size": t.vocab_size,
+    }
 
 
 # ---- weight name maps ----------------------------------------------------------------------
@@ -131,7 +161,11 @@ def _medusa_names(head, state: dict[str, torch.Tensor], fmt: str) -> dict[str, t
         parts = key.split(".")
         if parts[0] == "blocks":  # blocks.{h}.{l}.linear.{weight,bias}
             h, l, kind = parts[1], parts[2], parts[4]
-            name = f"blocks.{h}.layers.{l}.{kind}" if fmt == "medusa-vllm" else f"{h}.{l}.linear.{kind}"
+            name = (
+                f"blocks.{h}.layers.{l}.{kind}"
+                if fmt == "medusa-vllm"
+                else f"{h}.{l}.linear.{kind}"
+            )
         else:  # lm_heads.{h}.weight
             h = parts[1]
             name = f"lm_heads.{h}.weight" if fmt == "medusa-vllm" else f"{h}.{L}.weight"
@@ -149,34 +183,48 @@ def expected_keys(head: DraftHead, fmt: str) -> set[str]:
 def validate(head: DraftHead, fmt: str, weights: dict[str, torch.Tensor], config: dict) -> None:
     """Refuse exports a server would load wrongly: key set, shapes, d2t offsets."""
     if fmt not in SUPPORTED.get(head.name, ()):
-        raise FormatError(f"format {fmt!r} does not exist for {head.name} heads; "
-                          f"supported: {SUPPORTED.get(head.name)}")
+        raise FormatError(
+            f"format {fmt!r} does not exist for {head.name} heads; "
+            f"supported: {SUPPORTED.get(head.name)}"
+        )
     required = expected_keys(head, fmt)
     missing, unknown = required - set(weights), set(weights) - required
     if missing or unknown:
-        raise FormatError(f"{fmt} export of {head.name}: missing {sorted(missing)}, "
-                          f"unknown {sorted(unknown)}")
+        raise FormatError(
+            f"{fmt} export of {head.name}: missing {sorted(missing)}, unknown {sorted(unknown)}"
+        )
     t = head.target
     if head.name == "eagle3":
         vd = head.config.draft_vocab_size
-        checks = {"fc.weight": (t.hidden_size, len(head.config.aux_layers) * t.hidden_size),
-                  "lm_head.weight": (vd, t.hidden_size), "norm.weight": (t.hidden_size,)}
+        checks = {
+            "fc.weight": (t.hidden_size, len(head.config.aux_layers) * t.hidden_size),
+            "lm_head.weight": (vd, t.hidden_size),
+            "norm.weight": (t.hidden_size,),
+        }
         for key, shape in checks.items():
             if tuple(weights[key].shape) != shape:
                 raise FormatError(f"{key} has shape {tuple(weights[key].shape)}, expected {shape}")
         if "d2t" in weights:
             d2t = weights["d2t"]
             target_ids = torch.arange(d2t.numel()) + d2t
-            if d2t.numel() != vd or (d2t < 0).any() or (target_ids >= t.vocab_size).any() or (
-                target_ids.diff() <= 0
-            ).any():
+            if (
+                d2t.numel() != vd
+                or (d2t < 0).any()
+                or (target_ids >= t.vocab_size).any()
+                or (target_ids.diff() <= 0).any()
+            ):
                 raise FormatError("d2t offsets out of range or not strictly increasing")
     if config.get("vocab_size", t.vocab_size) != t.vocab_size:
         raise FormatError("config vocab_size differs from the target's")
 
 
-def export_head(head: DraftHead, fmt: str, out: str | Path, overwrite: bool = False,
-                num_speculative_tokens: int = 3) -> Path:
+def export_head(
+    head: DraftHead,
+    fmt: str,
+    out: str | Path,
+    overwrite: bool = False,
+    num_speculative_tokens: int = 3,
+) -> Path:
     """Validate, then write the `fmt` folder atomically (a temp folder renamed into place)."""
     out = Path(out)
     if out.exists() and not overwrite:
@@ -224,8 +272,10 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
             try:
                 state = torch.load(folder / name, map_location="cpu", weights_only=True)
             except Exception as err:
-                raise FormatError(f"{folder / name}: refused, it needs more than tensors to "
-                                  f"unpickle (weights_only=True failed: {err})") from err
+                raise FormatError(
+                    f"{folder / name}: refused, it needs more than tensors to "
+                    f"unpickle (weights_only=True failed: {err})"
+                ) from err
             return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     raise FormatError(f"{folder}: no model.safetensors, pytorch_model.bin or medusa weights")
 
@@ -251,7 +301,11 @@ def import_head(folder: str | Path, target: TargetInfo) -> DraftHead:
     from draftsmith.heads import build_head
 
     folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
+    config = (
+        json.loads((folder / "config.json").read_text())
+        if (folder / "config.json").exists()
+        else {}
+    )
     weights = read_weights(folder)
     name, fmt = detect(folder, config, weights)
     state: dict[str, torch.Tensor] = {}
@@ -263,8 +317,14 @@ def import_head(folder: str | Path, target: TargetInfo) -> DraftHead:
             ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
             aux = from_output_convention(ids) if ids else None
         vd = weights["lm_head.weight"].shape[0]
-        head = build_head({"name": "eagle3", "draft_vocab_size": vd,
-                           "aux_layers": aux or default_aux_layers(target.num_layers)}, target)
+        head = build_head(
+            {
+                "name": "eagle3",
+                "draft_vocab_size": vd,
+                "aux_layers": aux or default_aux_layers(target.num_layers),
+            },
+            target,
+        )
         state = {k: v for k, v in weights.items() if not k.startswith("embed_tokens")}
         if "d2t" not in state:  # full vocabulary: identity mapping
             state["d2t"] = torch.zeros(vd, dtype=torch.int64)
@@ -274,21 +334,31 @@ def import_head(folder: str | Path, target: TargetInfo) -> DraftHead:
             state["t2d"] = t2d
     elif name == "eagle1":
         layers = sorted({int(k.split(".")[1]) for k in weights if k.startswith("layers.")})
-        head = build_head({"name": "eagle1", "num_layers": len(layers),
-                           "fc_bias": "fc.bias" in weights}, target)
+        head = build_head(
+            {"name": "eagle1", "num_layers": len(layers), "fc_bias": "fc.bias" in weights}, target
+        )
         state = {k: v for k, v in weights.items() if k.startswith(("fc.", "layers."))}
     else:
         state = _medusa_import(weights, fmt)
         heads = sorted({int(k.split(".")[1]) for k in state if k.startswith("blocks.")})
         layers = sorted({int(k.split(".")[2]) for k in state if k.startswith("blocks.")})
         own = any(k.startswith("lm_heads.") for k in state)
-        head = build_head({"name": "medusa", "num_heads": len(heads), "num_layers": len(layers),
-                           "own_lm_head": own}, target)
+        head = build_head(
+            {
+                "name": "medusa",
+                "num_heads": len(heads),
+                "num_layers": len(layers),
+                "own_lm_head": own,
+            },
+            target,
+        )
     expected = head.state_dict()
     for key, value in state.items():
         if key in expected and tuple(value.shape) != tuple(expected[key].shape):
-            raise FormatError(f"{folder}: {key} has shape {tuple(value.shape)}, the target "
-                              f"{target.name} needs {tuple(expected[key].shape)}")
+            raise FormatError(
+                f"{folder}: {key} has shape {tuple(value.shape)}, the target "
+                f"{target.name} needs {tuple(expected[key].shape)}"
+            )
     missing, unexpected = head.load_state_dict(
         {k: v.to(expected[k].dtype) if k in expected else v for k, v in state.items()},
         strict=False,

@@ -6,3 +6,4 @@ cd "$(dirname "$0")/.."
 source scripts/venv.sh
 draftsmith assets fetch all
 draftsmith assets list
+draftsmith run experiment=quick "$@"

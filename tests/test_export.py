@@ -34,7 +34,9 @@ def info(tiny_target) -> TargetInfo:
 
 def trained_like(name: str, info, tiny_target, **overrides):
     torch.manual_seed(0)
-    head = build_head({**CONFIGS[name], **overrides}, info).bind(TargetParts.from_model(tiny_target))
+    head = build_head({**CONFIGS[name], **overrides}, info).bind(
+        TargetParts.from_model(tiny_target)
+    )
     with torch.no_grad():
         for p in head.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -58,14 +60,25 @@ def draft_outputs(head, tiny_target) -> torch.Tensor:
     ids = torch.randint(3, 250, (1, 12), generator=g)
     from draftsmith.features import extract_features
 
-    hidden, aux = extract_features(tiny_target, ids, aux_layers=getattr(head.config, "aux_layers", []))
+    hidden, aux = extract_features(
+        tiny_target, ids, aux_layers=getattr(head.config, "aux_layers", [])
+    )
     with torch.no_grad():
         if head.kind == "autoregressive":
-            out = head.step(head.feature_input(hidden, aux), ids, torch.arange(12)[None], head.new_cache())
-            return head.to_target_ids(head.draft_logits(out).argmax(-1)).float() + head.draft_logits(out).mean()
+            out = head.step(
+                head.feature_input(hidden, aux), ids, torch.arange(12)[None], head.new_cache()
+            )
+            return (
+                head.to_target_ids(head.draft_logits(out).argmax(-1)).float()
+                + head.draft_logits(out).mean()
+            )
         path = ids[0, -3:][None]
-        return torch.stack([head.depth_logits(k, hidden[0, -1:], path[:, : k + 1])
-                            for k in range(head.config.num_heads)])
+        return torch.stack(
+            [
+                head.depth_logits(k, hidden[0, -1:], path[:, : k + 1])
+                for k in range(head.config.num_heads)
+            ]
+        )
 
 
 @pytest.mark.parametrize("name,fmt", [(n, f) for n, fs in SUPPORTED.items() for f in fs])
@@ -81,24 +94,66 @@ def test_export_import_round_trip(name, fmt, info, tiny_target, tmp_path: Path) 
 
 
 SNAPSHOTS = {
-    ("eagle3", "sglang"): ({"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
-                            "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight"},
-                           {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 64,
-                            "num_hidden_layers": 1, "eagle_config": {"use_aux_hidden_state": True}}),
-    ("eagle3", "vllm"): ({"fc.weight", "layers.0.hidden_norm.weight", "layers.0.self_attn.q_proj.weight",
-                          "d2t", "t2d", "lm_head.weight"},
-                         {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-                          "norm_before_residual": False, "eagle_aux_hidden_state_layer_ids": [2, 2, 1]}),
-    ("eagle3", "trtllm"): ({"midlayer.self_attn.q_proj.weight", "d2t"},
-                           {"architectures": ["LlamaForCausalLMEagle3"], "target_hidden_size": 64}),
-    ("eagle1", "sglang"): ({"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight",
-                            "layers.0.post_attention_layernorm.weight"},
-                           {"architectures": ["LlamaForCausalLMEagle"], "bias": True}),
-    ("medusa", "medusa-vllm"): ({"blocks.0.layers.0.weight", "blocks.2.layers.1.bias", "lm_head.weight"},
-                                {"model_type": "medusa", "num_heads": 3, "num_hidden_layers": 2,
-                                 "medusa_fc_bias": True, "original_lm_head": True}),
-    ("medusa", "medusa"): ({"0.0.linear.weight", "2.1.linear.bias"},
-                           {"medusa_num_heads": 3, "medusa_num_layers": 2, "version": "2"}),
+    ("eagle3", "sglang"): (
+        {
+            "fc.weight",
+            "norm.weight",
+            "lm_head.weight",
+            "d2t",
+            "t2d",
+            "midlayer.input_layernorm.weight",
+            "midlayer.hidden_norm.weight",
+        },
+        {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "draft_vocab_size": 64,
+            "num_hidden_layers": 1,
+            "eagle_config": {"use_aux_hidden_state": True},
+        },
+    ),
+    ("eagle3", "vllm"): (
+        {
+            "fc.weight",
+            "layers.0.hidden_norm.weight",
+            "layers.0.self_attn.q_proj.weight",
+            "d2t",
+            "t2d",
+            "lm_head.weight",
+        },
+        {
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            "norm_before_residual": False,
+            "eagle_aux_hidden_state_layer_ids": [2, 2, 1],
+        },
+    ),
+    ("eagle3", "trtllm"): (
+        {"midlayer.self_attn.q_proj.weight", "d2t"},
+        {"architectures": ["LlamaForCausalLMEagle3"], "target_hidden_size": 64},
+    ),
+    ("eagle1", "sglang"): (
+        {
+            "fc.weight",
+            "fc.bias",
+            "layers.0.self_attn.q_proj.weight",
+            "layers.0.post_attention_layernorm.weight",
+        },
+        {"architectures": ["LlamaForCausalLMEagle"], "bias": True},
+    ),
+    ("medusa", "medusa-vllm"): (
+        {"blocks.0.layers.0.weight", "blocks.2.layers.1.bias", "lm_head.weight"},
+        {
+            "model_type": "medusa",
+            "num_heads": 3,
+            "num_hidden_layers": 2,
+            "medusa_fc_bias": True,
+            "original_lm_head": True,
+        },
+    ),
+    ("medusa", "medusa"): (
+        {"0.0.linear.weight", "2.1.linear.bias"},
+        {"medusa_num_heads": 3, "medusa_num_layers": 2, "version": "2"},
+    ),
 }
 
 
@@ -123,7 +178,11 @@ def test_layer_ids_translate_both_ways(info, tiny_target, tmp_path: Path) -> Non
     ids = json.loads((sglang / "config.json").read_text())["eagle_config"]
     assert ids["eagle_aux_hidden_state_layer_ids"] == [0, 1, 3]  # SGLang: output of layer k
     vllm = export_head(head, "vllm", tmp_path / "v")
-    assert json.loads((vllm / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]
+    assert json.loads((vllm / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [
+        1,
+        2,
+        4,
+    ]
     for folder in (sglang, vllm):
         assert load_head(folder, info).config.aux_layers == [1, 2, 4]
 
@@ -146,16 +205,24 @@ def test_official_layout_fixtures_import_and_draft(info, tiny_target, tmp_path: 
     state["embed_tokens.weight"] = torch.zeros(info.vocab_size, H)
     (tmp_path / "e3").mkdir()
     torch.save(state, tmp_path / "e3" / "pytorch_model.bin")
-    (tmp_path / "e3" / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 64,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 1, 0]}}))
+    (tmp_path / "e3" / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "draft_vocab_size": 64,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 1, 0]},
+            }
+        )
+    )
     e3 = load_head(tmp_path / "e3", info)
     assert e3.config.aux_layers == [2, 2, 1] and torch.equal(e3.t2d, src.t2d)
     # official EAGLE-1 (fc with bias, layers.0 without input norm)
     e1 = trained_like("eagle1", info, tiny_target)
     (tmp_path / "e1").mkdir()
-    save_file({k: v.contiguous() for k, v in e1.state_dict().items()},
-              str(tmp_path / "e1" / "model.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in e1.state_dict().items()},
+        str(tmp_path / "e1" / "model.safetensors"),
+    )
     assert load_head(tmp_path / "e1", info).config.fc_bias
     # FasterDecoding Medusa-1 with its own lm_heads ({h}.{L}.weight)
     (tmp_path / "m").mkdir()
@@ -194,7 +261,8 @@ def test_refusals(info, tiny_target, tmp_path: Path, make_tiny) -> None:
         load_head(tmp_path / "evil", info)
     # a foreign head whose shapes do not fit the target
     other = TargetInfo.from_hf_config(
-        __import__("transformers").AutoConfig.from_pretrained(make_tiny(hidden_size=32)))
+        __import__("transformers").AutoConfig.from_pretrained(make_tiny(hidden_size=32))
+    )
     out = export_head(trained_like("eagle3", info, tiny_target), "vllm", tmp_path / "v")
     with pytest.raises(FormatError, match="needs"):
         load_head(out, other)

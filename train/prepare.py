@@ -64,8 +64,10 @@ def run(cfg: Config) -> dict:
     if d.regenerate:
         target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
         for name in ("heldout", "train"):
-            splits[name] = regenerate(
-                target, tokenizer, renderer, splits[name], d.regen, out / "regen" / name
+            n = len(splits[name]) if d.regen.rows is None else d.regen.rows
+            first, rest = splits[name][:n], splits[name][n:]
+            splits[name] = (
+                regenerate(target, tokenizer, renderer, first, d.regen, out / "regen" / name) + rest
             )
     skipped: Counter = Counter()
     examples: list[str] = []

@@ -1,0 +1,111 @@
+"""`draftsmith run`: prepare -> collect -> train -> eval -> export, each stage skipped when its
+output is already complete (so a killed run is continued by running the same command again).
+
+Stages run in this process with the same typed config; a summary table of what each stage
+produced and how long it took is printed and written to runs/<run>/summary.{md,json}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from draftsmith.conf.schema import Config
+
+
+def _done(cfg: Config, stage: str) -> bool:
+    if stage == "prepare":
+        return Path(cfg.stage_dir("prepare"), "stats.json").exists()
+    if stage == "collect":
+        index = Path(cfg.stage_dir("collect"), "index.json")
+        return index.exists() and json.loads(index.read_text()).get("complete", False)
+    if stage == "train":
+        return Path(cfg.stage_dir("train"), "summary.json").exists()
+    if stage == "eval":
+        from draftsmith.inference.eval import eval_tag
+
+        return Path(cfg.stage_dir("eval"), eval_tag(cfg), "results.json").exists()
+    return Path(cfg.export.out or f"{cfg.stage_dir('export')}/{cfg.export.format}").exists()
+
+
+def run(cfg: Config) -> dict:
+    from draftsmith import export
+    from draftsmith.inference import eval as evaluate
+    from draftsmith.train import collect, loop, prepare
+
+    stages = {
+        "prepare": prepare.run,
+        "collect": collect.run,
+        "train": loop.run,
+        "eval": evaluate.run,
+        "export": export.run,
+    }
+    if cfg.train.source == "online":
+        stages.pop("collect")
+    rows = []
+    for name, fn in stages.items():
+        if _done(cfg, name):
+            rows.append({"stage": name, "status": "already complete", "seconds": 0.0})
+            continue
+        stage_cfg = dataclasses.replace(cfg, stage=name)
+        if name == "train" and Path(cfg.stage_dir("train"), "checkpoints", "latest").exists():
+            stage_cfg = dataclasses.replace(stage_cfg, resume=True)  # continue a killed run
+        t0 = time.perf_counter()
+        fn(stage_cfg)
+        rows.append({"stage": name, "status": "done", "seconds": time.perf_counter() - t0})
+    summary = {"run": cfg.run_name, "stages": rows, **_results(cfg)}
+    out = Path(cfg.runs_dir, cfg.run_name)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.md").write_text(_markdown(summary))
+    print(_markdown(summary))
+    return summary
+
+
+def _results(cfg: Config) -> dict:
+    from draftsmith.inference.eval import eval_tag
+
+    found: dict = {}
+    paths = {
+        "data": Path(cfg.stage_dir("prepare"), "stats.json"),
+        "train": Path(cfg.stage_dir("train"), "summary.json"),
+        "eval": Path(cfg.stage_dir("eval"), eval_tag(cfg), "results.json"),
+    }
+    for key, path in paths.items():
+        if path.exists():
+            found[key] = json.loads(path.read_text())
+    return found
+
+
+def _markdown(summary: dict) -> str:
+    lines = [
+        f"## draftsmith run `{summary['run']}`",
+        "",
+        "| stage | status | minutes |",
+        "|---|---|---:|",
+    ]
+    lines += [
+        f"| {r['stage']} | {r['status']} | {r['seconds'] / 60:.1f} |" for r in summary["stages"]
+    ]
+    if "data" in summary:
+        d = summary["data"]
+        lines += [
+            "",
+            f"data: {d['rows']['train']} training conversations, "
+            f"{d['tokens']['train']} tokens ({d['masked_tokens']['train']} under the loss mask)",
+        ]
+    if "train" in summary:
+        lines += [
+            f"training: {summary['train'].get('steps')} steps, best held-out simulated tau "
+            f"{summary['train'].get('best_heldout_sim_tau', float('nan')):.2f}"
+        ]
+    if "eval" in summary:
+        e = summary["eval"]
+        speed = ", ".join(f"{k.removeprefix('vs_')} {v:.2f}x" for k, v in e["speedup"].items())
+        lines += [
+            f"eval ({e['eval']['benchmark']}, {e['prompts']} prompts, {e['machine']['dtype']}):"
+            f" tau {e['tau']:.2f}; speedup over {speed}; greedy mismatches "
+            f"{e['mismatch']['prompts']}/{e['prompts']}"
+        ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,113 @@
+"""Data-pipeline throughput on the real target, measured side by side in one process:
+  1. collection (forward + hooks + target top-1 + shard tensors) vs the plain target forward on
+     the same length-bucketed batches (goal: ratio >= 0.9);
+  2. regeneration tokens/s, batched vs batch size 1 (goal: >= 4x).
+Writes JSON + a markdown table. Usage:
+  python scripts/bench_data.py [--target smollm2-135m-instruct] [--dtype bfloat16] [--rows 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from draftsmith.conf.schema import RegenConfig
+from draftsmith.conversations import read_conversations
+from draftsmith.features import extract_features
+from draftsmith.heads import TargetParts
+from draftsmith.target import load_target, load_tokenizer
+from draftsmith.train.collect import plan_batches
+from draftsmith.train.regenerate import regenerate_chunk
+from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--rows", type=int, default=48)
+    p.add_argument("--tokens-per-batch", type=int, default=4096)
+    p.add_argument("--out", default="runs/bench/data")
+    args = p.parse_args()
+    tokenizer = load_tokenizer(args.target)
+    target = load_target(args.target, args.dtype)
+    renderer = ConversationTokenizer(tokenizer, max_len=512)
+    conversations, _ = read_conversations("sharegpt", limit=args.rows * 2)
+    rows = []
+    for conv in conversations:
+        try:
+            rows.append(renderer(conv).input_ids)
+        except TemplateError:
+            continue
+    rows = rows[: args.rows]
+    lengths = [len(r) for r in rows]
+    order = sorted(range(len(rows)), key=lambda i: -lengths[i])
+    batches = plan_batches(order, lengths, args.tokens_per_batch)
+    parts = TargetParts.from_model(target)
+
+    def padded(batch):
+        width = max(lengths[i] for i in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for r, i in enumerate(batch):
+            ids[r, : lengths[i]] = torch.tensor(rows[i])
+            mask[r, : lengths[i]] = 1
+        return ids, mask
+
+    times = {"plain": 0.0, "collect": 0.0}
+    for rep in range(2):  # interleaved, second pass counted (first warms up)
+        for batch in batches:
+            ids, mask = padded(batch)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                target(input_ids=ids, attention_mask=mask, use_cache=False)
+            t1 = time.perf_counter()
+            hidden, aux = extract_features(target, ids, mask, [2, 15, 27])
+            top = parts.top_tokens(hidden)
+            _ = [(hidden[r, :n].half(), aux[r, :n].half(), top[r, :n].int())
+                 for r, n in enumerate(mask.sum(1).tolist())]
+            t2 = time.perf_counter()
+            if rep:
+                times["plain"] += t1 - t0
+                times["collect"] += t2 - t1
+    tokens = sum(lengths)
+    cfg = RegenConfig(max_new_tokens=64, batch_size=16)
+    regen = {}
+    sample = conversations[:16]
+    for size in (16, 1):
+        cfg.batch_size = size
+        t0 = time.perf_counter()
+        _, produced = regenerate_chunk(target, tokenizer, renderer, sample, cfg, [])
+        regen[size] = produced / (time.perf_counter() - t0)
+    results = {
+        "target": args.target, "dtype": args.dtype, "tokens": tokens,
+        "plain_forward_tokens_per_second": tokens / times["plain"],
+        "collect_tokens_per_second": tokens / times["collect"],
+        "collect_vs_plain": times["plain"] / times["collect"],
+        "regen_tokens_per_second_batch16": regen[16],
+        "regen_tokens_per_second_batch1": regen[1],
+        "regen_batched_vs_single": regen[16] / regen[1],
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    table = (
+        "| measurement | value |\n|---|---:|\n"
+        f"| plain target forward (tok/s) | {results['plain_forward_tokens_per_second']:.0f} |\n"
+        f"| collection incl. hooks, top-1, fp16 copies (tok/s) | "
+        f"{results['collect_tokens_per_second']:.0f} |\n"
+        f"| collection / plain forward | {results['collect_vs_plain']:.2f} |\n"
+        f"| regeneration, batch 16 (tok/s) | {regen[16]:.1f} |\n"
+        f"| regeneration, batch 1 (tok/s) | {regen[1]:.1f} |\n"
+        f"| regeneration batched / single | {results['regen_batched_vs_single']:.2f}x |\n"
+    )
+    (out / "results.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

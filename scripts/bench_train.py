@@ -1,0 +1,92 @@
+"""Head-training throughput on collected shards and its FLOP utilisation, in one process:
+achieved FLOP/s of the training step (counted from the head's matmuls) divided by this machine's
+dense matmul FLOP/s measured in the same run and dtype. Usage:
+  python scripts/bench_train.py --collect runs/smollm2_eagle3/collect [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from draftsmith.heads import TargetInfo, TargetParts, build_head
+from draftsmith.target import load_target
+from draftsmith.train.data import ShardRows, collate
+
+HEADS = {
+    "eagle3": {"name": "eagle3", "draft_vocab_size": 4096, "ttt_steps": 5},
+    "medusa": {"name": "medusa", "num_heads": 4},
+}
+
+
+def matmul_flops(dtype: torch.dtype, n: int = 2048) -> float:
+    a, b = torch.randn(n, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    t0 = time.perf_counter()
+    reps = 30
+    for _ in range(reps):
+        a @ b
+    return 2 * n * 576 * 1536 * reps / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--collect", required=True)
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--out", default="runs/bench/train")
+    args = p.parse_args()
+    target = load_target(args.target, args.dtype)
+    info = TargetInfo.from_hf_config(target.config, args.target)
+    rows = ShardRows(args.collect, "train", 512)
+    batch = collate([rows[i] for i in range(args.batch)], torch.float32)
+    tokens = int(batch.valid().sum())
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
+    peak = matmul_flops(torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+    results = {"dtype": args.dtype, "tokens_per_batch": tokens, "matmul_flops_per_second": peak}
+    for name, config in HEADS.items():
+        torch.manual_seed(0)
+        head = build_head(dict(config), info).bind(TargetParts.from_model(target))
+        optimizer = torch.optim.AdamW(head.parameters(), lr=1e-4)
+
+        def step() -> None:
+            with autocast:
+                loss, _ = head.loss(batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        with FlopCounterMode(display=False) as counter:
+            step()
+        flops = counter.get_total_flops()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        seconds = (time.perf_counter() - t0) / args.steps
+        results[name] = {"tokens_per_second": tokens / seconds, "step_flops": flops,
+                         "achieved_flops_per_second": flops / seconds,
+                         "utilisation": flops / seconds / peak}
+        print(name, json.dumps(results[name]))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    table = "| head | tokens/s | achieved GFLOP/s | matmul peak GFLOP/s | utilisation |\n"
+    table += "|---|---:|---:|---:|---:|\n"
+    for name in HEADS:
+        r = results[name]
+        table += (f"| {name} | {r['tokens_per_second']:.0f} | {r['achieved_flops_per_second'] / 1e9:.0f}"
+                  f" | {peak / 1e9:.0f} | {r['utilisation']:.2f} |\n")
+    (out / "results.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""`draftsmith run` end to end on the tiny target; a second run skips every completed stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from draftsmith.config import compose
+from draftsmith.pipeline import run
+
+
+def test_run_end_to_end_then_skips(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"Say {i} twice."},
+                        {"role": "assistant", "content": f"{i} {i}, and once more: {i} {i}."},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(60)
+        )
+    )
+    overrides = [
+        f"runs_dir={tmp_path}/runs",
+        "experiment=tiny",
+        f"data.path={data}",
+        "data.heldout=6",
+        "data.regenerate=true",
+        "data.regen.rows=4",
+        "data.regen.max_new_tokens=8",
+        "head.draft_vocab_size=128",
+        "train.max_steps=6",
+        "train.eval_every=3",
+        "eval.benchmark=heldout",
+        "eval.limit=3",
+        "eval.max_new_tokens=16",
+        "export=sglang",
+    ]
+    summary = run(compose(overrides))
+    assert [r["status"] for r in summary["stages"]] == ["done"] * 5
+    assert summary["eval"]["mismatch"]["prompts"] == 0  # fp32: lossless
+    assert summary["train"]["steps"] == 6
+    out = tmp_path / "runs" / "tiny"
+    assert (out / "export" / "sglang" / "model.safetensors").exists()
+    assert "tau" in (out / "summary.md").read_text()
+    again = run(compose(overrides))
+    assert [r["status"] for r in again["stages"]] == ["already complete"] * 5
