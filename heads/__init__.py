@@ -40,7 +40,8 @@ def build_head(config: HeadConfig | dict, target: TargetInfo) -> DraftHead:
 
 def load_head(folder: str | Path, target: TargetInfo | None = None) -> DraftHead:
     """Load a head folder: ours (config.json + model.safetensors, refused if built for another
-    target) or a foreign one (official EAGLE/EAGLE-3, speculators, Medusa), imported for `target`."""
+    target) or a foreign one (official EAGLE/EAGLE-3, speculators, Medusa), imported for
+    `target`."""
     import json
 
     from draftsmith.heads.formats import import_head

@@ -159,14 +159,13 @@ def _medusa_names(head, state: dict[str, torch.Tensor], fmt: str) -> dict[str, t
     L = head.config.num_layers
     for key, value in state.items():
         parts = key.split(".")
-        if parts[0] == "blocks":  # blocks.{h}.{l}.linear.{weight,bias}
-            h, l, kind = parts[1], parts[2], parts[4]
-            name = (
-                f"blocks.{h}.layers.{l}.{kind}"
-                if fmt == "medusa-vllm"
-                else f"{h}.{l}.linear.{kind}"
-            )
-        else:  # lm_heads.{h}.weight
+        if parts[0] == "blocks":  # blocks.{head}.{layer}.linear.{weight,bias}
+            h, layer, kind = parts[1], parts[2], parts[4]
+            if fmt == "medusa-vllm":
+                name = f"blocks.{h}.layers.{layer}.{kind}"
+            else:
+                name = f"{h}.{layer}.linear.{kind}"
+        else:  # lm_heads.{head}.weight
             h = parts[1]
             name = f"lm_heads.{h}.weight" if fmt == "medusa-vllm" else f"{h}.{L}.weight"
         out[name] = value

@@ -68,8 +68,10 @@ def main() -> None:
             t1 = time.perf_counter()
             hidden, aux = extract_features(target, ids, mask, [2, 15, 27])
             top = parts.top_tokens(hidden)
-            _ = [(hidden[r, :n].half(), aux[r, :n].half(), top[r, :n].int())
-                 for r, n in enumerate(mask.sum(1).tolist())]
+            _ = [
+                (hidden[r, :n].half(), aux[r, :n].half(), top[r, :n].int())
+                for r, n in enumerate(mask.sum(1).tolist())
+            ]
             t2 = time.perf_counter()
             if rep:
                 times["plain"] += t1 - t0
@@ -84,7 +86,9 @@ def main() -> None:
         _, produced = regenerate_chunk(target, tokenizer, renderer, sample, cfg, [])
         regen[size] = produced / (time.perf_counter() - t0)
     results = {
-        "target": args.target, "dtype": args.dtype, "tokens": tokens,
+        "target": args.target,
+        "dtype": args.dtype,
+        "tokens": tokens,
         "plain_forward_tokens_per_second": tokens / times["plain"],
         "collect_tokens_per_second": tokens / times["collect"],
         "collect_vs_plain": times["plain"] / times["collect"],

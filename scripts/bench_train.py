@@ -57,7 +57,7 @@ def main() -> None:
         head = build_head(dict(config), info).bind(TargetParts.from_model(target))
         optimizer = torch.optim.AdamW(head.parameters(), lr=1e-4)
 
-        def step() -> None:
+        def step(head=head, optimizer=optimizer) -> None:
             with autocast:
                 loss, _ = head.loss(batch)
             loss.backward()
@@ -71,9 +71,12 @@ def main() -> None:
         for _ in range(args.steps):
             step()
         seconds = (time.perf_counter() - t0) / args.steps
-        results[name] = {"tokens_per_second": tokens / seconds, "step_flops": flops,
-                         "achieved_flops_per_second": flops / seconds,
-                         "utilisation": flops / seconds / peak}
+        results[name] = {
+            "tokens_per_second": tokens / seconds,
+            "step_flops": flops,
+            "achieved_flops_per_second": flops / seconds,
+            "utilisation": flops / seconds / peak,
+        }
         print(name, json.dumps(results[name]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,8 +85,11 @@ def main() -> None:
     table += "|---|---:|---:|---:|---:|\n"
     for name in HEADS:
         r = results[name]
-        table += (f"| {name} | {r['tokens_per_second']:.0f} | {r['achieved_flops_per_second'] / 1e9:.0f}"
-                  f" | {peak / 1e9:.0f} | {r['utilisation']:.2f} |\n")
+        achieved = r["achieved_flops_per_second"] / 1e9
+        table += (
+            f"| {name} | {r['tokens_per_second']:.0f} | {achieved:.0f}"
+            f" | {peak / 1e9:.0f} | {r['utilisation']:.2f} |\n"
+        )
     (out / "results.md").write_text(table)
     print(table)
 

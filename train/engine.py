@@ -154,7 +154,7 @@ def load_checkpoint(engine, folder: Path) -> dict | None:
 
 @contextmanager
 def full_parameters(engine):
-    """Inside, every rank sees full (un-partitioned) head parameters; needed to save under ZeRO-3."""
+    """Inside, every rank sees full (un-partitioned) head parameters (to save under ZeRO-3)."""
     if engine.zero_optimization_stage() == 3:
         import deepspeed
 
