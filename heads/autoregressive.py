@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from draftsmith.heads.base import (
+    DepthLosses,
     DraftHead,
     HeadBatch,
     predicts_assistant_token,
     shifted,
-    simulated_tau,
 )
 from draftsmith.heads.blocks import KVCache
 
@@ -109,20 +109,9 @@ class AutoregressiveHead(DraftHead):
     def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
         scratch: dict = {}  # per-batch values a subclass computes once for all steps
-        total = batch.hidden.new_zeros((), dtype=torch.float32)
-        metrics: dict[str, float] = {}
-        accs = []
+        losses = DepthLosses(cfg.step_decay)
         for i, hidden in enumerate(self.unroll(batch, cfg.ttt_steps)):
             select = predicts_assistant_token(batch, i + 2)
-            count = select.sum()
             loss_sum, correct = self.step_loss(i, hidden, batch, select, scratch)
-            step_loss = loss_sum / count.clamp_min(1)
-            total = total + (cfg.step_decay**i) * step_loss
-            acc = (correct.float() / count.clamp_min(1)).item()
-            accs.append(acc)
-            metrics[f"loss_{i}"] = step_loss.item()
-            metrics[f"acc_{i}"] = acc
-            metrics[f"count_{i}"] = float(count.item())
-        metrics["loss"] = total.item()
-        metrics["sim_tau"] = simulated_tau(accs)
-        return total, metrics
+            losses.add(i, loss_sum, correct, select.sum())
+        return losses.result()

@@ -169,6 +169,36 @@ def soft_cross_entropy(
     return (per_pos * mask).sum() / mask.sum().clamp_min(1.0)
 
 
+class DepthLosses:
+    """Sums per-depth losses with weight decay^k and records per-depth top-1 agreement:
+    the (loss, metrics) every head returns."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.total: torch.Tensor | float = 0.0
+        self.metrics: dict[str, float] = {}
+        self.accuracies: list[float] = []
+
+    def add(self, k: int, loss_sum: torch.Tensor, correct: torch.Tensor, count: torch.Tensor):
+        step_loss = loss_sum / count.clamp_min(1)
+        self.total = self.total + self.decay**k * step_loss
+        acc = (correct.float() / count.clamp_min(1)).item()
+        self.accuracies.append(acc)
+        self.metrics |= {
+            f"loss_{k}": step_loss.item(),
+            f"acc_{k}": acc,
+            f"count_{k}": float(count.item()),
+        }
+
+    def result(self) -> tuple[torch.Tensor, dict[str, float]]:
+        total = torch.as_tensor(self.total, dtype=torch.float32)
+        return total, {
+            **self.metrics,
+            "loss": total.item(),
+            "sim_tau": simulated_tau(self.accuracies),
+        }
+
+
 def simulated_tau(step_accuracies: list[float]) -> float:
     """1 + sum_k prod_{j<=k} acc_j: the chain acceptance length the step accuracies imply."""
     tau, running = 1.0, 1.0

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from draftsmith.heads.base import (
+    DepthLosses,
     DraftHead,
     HeadBatch,
     HeadConfig,
@@ -22,7 +23,6 @@ from draftsmith.heads.base import (
     distill_selected,
     predicts_assistant_token,
     shifted,
-    simulated_tau,
 )
 from draftsmith.heads.blocks import ResBlock
 
@@ -86,9 +86,7 @@ class MedusaHead(DraftHead):
 
     def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
         feature = self.parts.norm(batch.hidden)  # [B, T, H]
-        total = feature.new_zeros((), dtype=torch.float32)
-        metrics: dict[str, float] = {}
-        accs = []
+        losses = DepthLosses(self.config.step_decay)
         for k in range(self.config.num_heads):
             select = predicts_assistant_token(batch, k + 2)
             count = select.sum()
@@ -102,13 +100,5 @@ class MedusaHead(DraftHead):
             loss_sum, correct = distill_selected(
                 states, target_hidden, lambda s, k=k: self.head_logits(k, s), self.parts
             )
-            step_loss = loss_sum / count.clamp_min(1)
-            total = total + self.config.step_decay**k * step_loss
-            acc = (correct.float() / count.clamp_min(1)).item()
-            accs.append(acc)
-            metrics[f"loss_{k}"] = step_loss.item()
-            metrics[f"acc_{k}"] = acc
-            metrics[f"count_{k}"] = float(count.item())
-        metrics["loss"] = total.item()
-        metrics["sim_tau"] = simulated_tau(accs)
-        return total, metrics
+            losses.add(k, loss_sum, correct, count)
+        return losses.result()
