@@ -1,0 +1,94 @@
+"""Regenerate the README's results section from measured JSON (never typed by hand).
+Usage: python scripts/results_table.py RUN_DIR [RUN_DIR ...] [--bench runs/bench] [--readme README.md]
+Reads RUN_DIR/summary.json (data, training budget) and RUN_DIR/eval/*/results.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def run_rows(run: Path) -> tuple[list[str], list[str]]:
+    summary = (
+        json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    )
+    budget = []
+    if summary:
+        minutes = {r["stage"]: r["seconds"] / 60 for r in summary.get("stages", [])}
+        data = summary.get("data", {})
+        budget.append(
+            f"| {run.name} | {data.get('tokens', {}).get('train', '?')} | "
+            f"{data.get('regenerated', '?')} | {summary.get('train', {}).get('steps', '?')} | "
+            + " | ".join(
+                f"{minutes.get(s, 0):.0f}" for s in ("prepare", "collect", "train", "eval")
+            )
+            + " |"
+        )
+    rows = []
+    for path in sorted(run.glob("eval/*/results.json")):
+        r = json.loads(path.read_text())
+        t, e, s = r["tree"], r["eval"], r["speedup"]
+        depth = " ".join(f"{a:.2f}" for a in r["depth_acceptance"][:6])
+        mism = f"{r['mismatch']['prompts']}/{r['prompts']}" if r["mismatch"]["checked"] else "-"
+        rows.append(
+            f"| {run.name} | {r['head']['name']} | {e['benchmark']} | {e['temperature']} | "
+            f"{r['machine']['dtype']} | {t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']} | "
+            f"{r['prompts']} | **{r['tau']:.2f}** | {depth} | "
+            f"{r['tokens_per_second']['speculative']:.1f} | {s.get('vs_vanilla', float('nan')):.2f}x | "
+            f"{s.get('vs_lookup', float('nan')):.2f}x | {mism} |"
+        )
+    return budget, rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--bench", default="runs/bench")
+    p.add_argument("--readme", default="README.md")
+    args = p.parse_args()
+    budgets, rows = [], []
+    for run in args.runs:
+        b, r = run_rows(Path(run))
+        budgets += b
+        rows += r
+    lines = [
+        BEGIN,
+        "",
+        "Measured on this 2-core CPU (no GPU); every number below is read from the",
+        "run's JSON by `scripts/results_table.py`. Speedups are ratios measured interleaved in",
+        "one process; max_new_tokens 128 unless the run says otherwise.",
+        "",
+        "| run | head | benchmark | T | dtype | tree | prompts | tau | acceptance by depth | "
+        "spec tok/s | vs vanilla | vs prompt lookup | greedy mismatches |",
+        "|---|---|---|---:|---|---|---:|---:|---|---:|---:|---:|---:|",
+        *rows,
+        "",
+        "Training budget:",
+        "",
+        "| run | train tokens | regenerated | steps | prepare min | collect min | train min | "
+        "eval min |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+        *budgets,
+        "",
+    ]
+    bench = Path(args.bench)
+    for name, title in (
+        ("data", "Data pipeline (`scripts/bench_data.py`)"),
+        ("train", "Head training (`scripts/bench_train.py`)"),
+    ):
+        md = bench / name / "results.md"
+        if md.exists():
+            lines += [f"{title}:", "", md.read_text().strip(), ""]
+    lines.append(END)
+    readme = Path(args.readme)
+    text = readme.read_text()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    readme.write_text(text[:start] + "\n".join(lines) + text[end:])
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
