@@ -1,5 +1,5 @@
 """Regenerate the README's results section from measured JSON (never typed by hand).
-Usage: python scripts/results_table.py RUN_DIR [RUN_DIR ...] [--bench runs/bench] [--readme README.md]
+Usage: python scripts/results_table.py RUN_DIR [RUN_DIR ...] [--bench DIR] [--readme README.md]
 Reads RUN_DIR/summary.json (data, training budget) and RUN_DIR/eval/*/results.json."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
+STAGES = ("prepare", "collect", "train", "eval")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
@@ -33,12 +34,13 @@ def run_rows(run: Path) -> tuple[list[str], list[str]]:
         t, e, s = r["tree"], r["eval"], r["speedup"]
         depth = " ".join(f"{a:.2f}" for a in r["depth_acceptance"][:6])
         mism = f"{r['mismatch']['prompts']}/{r['prompts']}" if r["mismatch"]["checked"] else "-"
+        tree = f"{t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']}"
+        nan = float("nan")
         rows.append(
             f"| {run.name} | {r['head']['name']} | {e['benchmark']} | {e['temperature']} | "
-            f"{r['machine']['dtype']} | {t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']} | "
-            f"{r['prompts']} | **{r['tau']:.2f}** | {depth} | "
-            f"{r['tokens_per_second']['speculative']:.1f} | {s.get('vs_vanilla', float('nan')):.2f}x | "
-            f"{s.get('vs_lookup', float('nan')):.2f}x | {mism} |"
+            f"{r['machine']['dtype']} | {tree} | {r['prompts']} | **{r['tau']:.2f}** | {depth} | "
+            f"{r['tokens_per_second']['speculative']:.1f} | {s.get('vs_vanilla', nan):.2f}x | "
+            f"{s.get('vs_lookup', nan):.2f}x | {mism} |"
         )
     return budget, rows
 
