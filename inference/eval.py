@@ -23,6 +23,7 @@ from draftsmith.inference.decoder import DecodeStats, SpecDecoder
 from draftsmith.inference.report import write_report, write_sweep_summary
 from draftsmith.inference.verify import Sampling
 from draftsmith.target import load_target, load_tokenizer, target_name, torch_dtype
+from draftsmith.tracking import Tracker
 
 
 def benchmark_prompts(cfg: Config, tokenizer) -> list[list[int]]:
@@ -167,6 +168,17 @@ def run(cfg: Config) -> dict:
     out = Path(cfg.stage_dir("eval")) / Path(eval_tag(cfg)).name
     write_report(results, out)
     write_sweep_summary(out.parent)
+    if cfg.tracking == "wandb":
+        tracker = Tracker(out, "wandb", f"{cfg.run_name}-eval-{out.name}", cfg)
+        flat = {
+            "tau": results["tau"],
+            **{f"speedup/{k}": v for k, v in results["speedup"].items()},
+            **{f"tokens_per_second/{k}": v for k, v in results["tokens_per_second"].items()},
+            **{f"acceptance/depth_{d + 1}": a for d, a in enumerate(results["depth_acceptance"])},
+        }
+        tracker.log(flat, 0)
+        tracker.artifact(out, f"{cfg.run_name}-eval", kind="results")
+        tracker.finish()
     print(json.dumps({k: results[k] for k in ("tau", "speedup", "tokens_per_second")}, indent=2))
     print(f"results: {out}/results.json, {out}/results.md")
     return results

@@ -36,9 +36,15 @@ class ShardRows:
         for k, shard in enumerate(self.index["splits"][split]["shards"]):
             path = self.folder / shard["file"]
             self.files.append(path)
-            with safe_open(str(path), framework="pt") as f:
-                offsets = f.get_tensor("offsets").tolist()
-                positions += [i for i, _ in json.loads(f.metadata()["rows"])]
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    offsets = f.get_tensor("offsets").tolist()
+                    positions += [i for i, _ in json.loads(f.metadata()["rows"])]
+            except Exception as err:  # a truncated or overwritten file
+                raise ValueError(
+                    f"corrupted shard {path}: {err}; "
+                    "`draftsmith collect verify=true` checks every shard"
+                ) from err
             self.rows += [(k, a, min(b - a, max_len)) for a, b in zip(offsets, offsets[1:])]
         # back to prepared-dataset order, so offline and online training see the same batches
         self.rows = [row for _, row in sorted(zip(positions, self.rows))]
