@@ -9,7 +9,9 @@ from draftsmith.config import compose
 from draftsmith.pipeline import run
 
 
-def test_run_end_to_end_then_skips(tmp_path: Path) -> None:
+def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
     data = tmp_path / "data.jsonl"
     data.write_text(
         "".join(
@@ -48,5 +50,7 @@ def test_run_end_to_end_then_skips(tmp_path: Path) -> None:
     out = tmp_path / "runs" / "tiny"
     assert (out / "export" / "sglang" / "model.safetensors").exists()
     assert "tau" in (out / "summary.md").read_text()
+    assert list((out / "eval").glob("*/wandb/offline-run-*/*.wandb"))  # eval logged to W&B
+    assert list((out / "train").glob("wandb/offline-run-*/*.wandb"))
     again = run(compose(overrides))
     assert [r["status"] for r in again["stages"]] == ["already complete"] * 5
