@@ -42,6 +42,7 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
         "eval.limit=3",
         "eval.max_new_tokens=16",
         "export=sglang",
+        "tracking=wandb",
     ]
     summary = run(compose(overrides))
     assert [r["status"] for r in summary["stages"]] == ["done"] * 5
