@@ -60,6 +60,8 @@ def test_bad_rows_are_rejected_with_reasons(tiny_tokenizer) -> None:
     renderer = ConversationTokenizer(tiny_tokenizer, max_len=8, length_policy="drop")
     with pytest.raises(TemplateError, match="no assistant turn"):
         renderer(Conversation("x", [Turn("user", "q")]))
+    with pytest.raises(TemplateError, match="no assistant turn after a prompt"):
+        renderer(Conversation("x", [Turn("assistant", "a reply to nothing")]))
     with pytest.raises(TemplateError, match="too long"):
         renderer(CONV)
     tokenizer = load_tokenizer(tiny_tokenizer.name_or_path)

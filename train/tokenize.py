@@ -91,6 +91,8 @@ class ConversationTokenizer:
         messages = conversation.to_messages()[: last + 1]  # trailing user turns carry no loss
         while messages and messages[0]["role"] == "assistant":  # a reply to nothing: no prompt
             messages = messages[1:]
+        if not messages:
+            raise TemplateError("no assistant turn after a prompt")
         text, spans = self.assistant_spans(messages)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
