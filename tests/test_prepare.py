@@ -67,7 +67,8 @@ def test_bad_rows_are_rejected_with_reasons(tiny_tokenizer) -> None:
     tokenizer = load_tokenizer(tiny_tokenizer.name_or_path)
     tokenizer.chat_template = MISTRAL
     with pytest.raises(TemplateError, match="template rejected"):
-        ConversationTokenizer(tokenizer)(Conversation("y", [Turn("assistant", "a")]))
+        two_users = [Turn("user", "a"), Turn("user", "b"), Turn("assistant", "c")]
+        ConversationTokenizer(tokenizer)(Conversation("y", two_users))
     tokenizer.chat_template = None
     with pytest.raises(ValueError, match="data.template=plain"):
         ConversationTokenizer(tokenizer)
