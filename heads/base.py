@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -160,15 +161,6 @@ def predicts_assistant_token(batch: HeadBatch, ahead: int) -> torch.Tensor:
     return valid & shifted(valid, ahead, False) & shifted(mask, ahead, False)
 
 
-def soft_cross_entropy(
-    logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Mean over masked positions of -sum p_target * log_softmax(logits); 0 (not NaN) if empty."""
-    per_pos = -(target_probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
-    mask = mask.to(per_pos.dtype)
-    return (per_pos * mask).sum() / mask.sum().clamp_min(1.0)
-
-
 class DepthLosses:
     """Sums per-depth losses with weight decay^k and records per-depth top-1 agreement:
     the (loss, metrics) every head returns."""
@@ -268,8 +260,6 @@ class DraftHead(nn.Module, ABC):
             old = folder.with_name(f".{folder.name}-old")
             os.replace(folder, old)
             os.replace(staging, folder)
-            import shutil
-
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, folder)

@@ -29,10 +29,6 @@ def build_vocab_mapping(
     return d2t.to(torch.int64), t2d
 
 
-def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
-    return draft_ids + d2t[draft_ids]
-
-
 def count_tokens(input_ids: torch.Tensor, loss_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Counts [V] of the tokens under the loss mask (the tokens a draft has to predict)."""
     return torch.bincount(input_ids[loss_mask.bool()].flatten(), minlength=vocab_size)

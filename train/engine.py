@@ -31,7 +31,7 @@ def init_distributed(device: str) -> tuple[int, int]:
                 LOCAL_RANK="0",
                 WORLD_SIZE="1",
                 MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())),
+                MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port())),
             )
         deepspeed.init_distributed(
             dist_backend="nccl" if device.startswith("cuda") else "gloo", verbose=False
@@ -39,7 +39,7 @@ def init_distributed(device: str) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from draftsmith.conf.schema import Config
+from draftsmith.train.engine import free_port
 
 
 def run(cfg: Config) -> dict | None:
@@ -22,7 +23,7 @@ def run(cfg: Config) -> dict | None:
         "--num_gpus",
         str(cfg.nproc),
         "--master_port",
-        str(_port()),
+        str(free_port()),
         "--module",
         "draftsmith.train",
         *overrides,
@@ -33,11 +34,3 @@ def run(cfg: Config) -> dict | None:
     if result.returncode != 0:
         raise SystemExit(f"deepspeed launch failed with exit code {result.returncode}")
     return None
-
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
