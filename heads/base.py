@@ -99,7 +99,12 @@ class TargetParts:
     def top_tokens(self, hidden: torch.Tensor, chunk: int = 256) -> torch.Tensor:
         """The target's greedy next token at every position [B, T] (chunked: [B, T, V] logits
         would not fit for real vocabularies)."""
-        return torch.cat([self.logits(h).argmax(-1) for h in hidden.split(chunk, dim=1)], dim=1)
+        B, T, H = hidden.shape
+        flat = self.norm(hidden).reshape(B * T, H)
+        # 2-D matmuls and max().indices: both measurably faster on CPU than a 3-D lm_head call
+        # followed by argmax (collection runs this over every collected token)
+        top = [self.lm_head(x).max(-1).indices for x in flat.split(chunk * B)]  # [n] each
+        return torch.cat(top).reshape(B, T)
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """Data-pipeline throughput on the real target, measured side by side in one process:
   1. collection (forward + hooks + target top-1 + shard tensors) vs the plain target forward on
      the same length-bucketed batches (goal: ratio >= 0.9);
-  2. regeneration tokens/s, batch 8 vs batch size 1 (goal: >= 4x).
+  2. regeneration tokens/s, batched (--regen-batch prompts per generate call) vs batch size 1
+     on the same prompts (goal: >= 4x).
 Writes JSON + a markdown table. Usage:
   python scripts/bench_data.py [--target smollm2-135m-instruct] [--dtype bfloat16] [--rows 48]
+                               [--regen-batch 32] [--regen-tokens 64]
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--rows", type=int, default=48)
     p.add_argument("--tokens-per-batch", type=int, default=4096)
+    p.add_argument("--regen-batch", type=int, default=32)
+    p.add_argument("--regen-tokens", type=int, default=64, help="max_new_tokens per answer")
     p.add_argument("--out", default="runs/bench/data")
     args = p.parse_args()
     tokenizer = load_tokenizer(args.target)
     target = load_target(args.target, args.dtype)
     renderer = ConversationTokenizer(tokenizer, max_len=512)
-    conversations, _ = read_conversations("sharegpt", limit=args.rows * 2)
+    conversations, _ = read_conversations("sharegpt", limit=max(args.rows, args.regen_batch) * 2)
     rows = []
     for conv in conversations:
         try:
@@ -77,14 +81,16 @@ def main() -> None:
                 times["plain"] += t1 - t0
                 times["collect"] += t2 - t1
     tokens = sum(lengths)
-    cfg = RegenConfig(max_new_tokens=48, batch_size=8)
+    cfg = RegenConfig(max_new_tokens=args.regen_tokens, max_prompt_len=512)
     regen = {}
-    # first user turn of 8 conversations: the same work for both batch sizes
+    # first user turn of --regen-batch conversations: the same work for both batch sizes
     sample = [
         Conversation(c.id, [next(t for t in c.turns if t.role == "user")])
-        for c in conversations[:8]
-    ]
-    for size in (8, 1):
+        for c in conversations
+        if any(t.role == "user" for t in c.turns)
+    ][: args.regen_batch]
+    batched = len(sample)
+    for size in (batched, 1):
         cfg.batch_size = size
         t0 = time.perf_counter()
         _, produced = regenerate_chunk(target, tokenizer, renderer, sample, cfg, [])
@@ -96,9 +102,11 @@ def main() -> None:
         "plain_forward_tokens_per_second": tokens / times["plain"],
         "collect_tokens_per_second": tokens / times["collect"],
         "collect_vs_plain": times["plain"] / times["collect"],
-        "regen_tokens_per_second_batch8": regen[8],
+        "regen_batch": batched,
+        "regen_max_new_tokens": args.regen_tokens,
+        "regen_tokens_per_second_batched": regen[batched],
         "regen_tokens_per_second_batch1": regen[1],
-        "regen_batched_vs_single": regen[8] / regen[1],
+        "regen_batched_vs_single": regen[batched] / regen[1],
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,7 +117,7 @@ def main() -> None:
         f"| collection incl. hooks, top-1, fp16 copies (tok/s) | "
         f"{results['collect_tokens_per_second']:.0f} |\n"
         f"| collection / plain forward | {results['collect_vs_plain']:.2f} |\n"
-        f"| regeneration, batch 8 (tok/s) | {regen[8]:.1f} |\n"
+        f"| regeneration, batch {batched} (tok/s) | {regen[batched]:.1f} |\n"
         f"| regeneration, batch 1 (tok/s) | {regen[1]:.1f} |\n"
         f"| regeneration batched / single | {results['regen_batched_vs_single']:.2f}x |\n"
     )
