@@ -25,6 +25,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from draftsmith.files import write_text_atomic
+
 
 @dataclass(frozen=True)
 class Asset:
@@ -253,9 +255,7 @@ def fetch(name: str, force: bool = False) -> Path:
             }
             # The manifest is written last: its presence is what marks the entry complete.
             os.replace(entry, base)
-            tmp = base / "manifest.json.tmp"
-            tmp.write_text(json.dumps(manifest, indent=2))
-            os.replace(tmp, base / "manifest.json")
+            write_text_atomic(base / "manifest.json", json.dumps(manifest, indent=2))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return payload_path(name)

@@ -7,12 +7,11 @@ byte-for-byte the same on every machine with the same torch version.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from filelock import FileLock
+
+from draftsmith.files import staged_dir
 
 TINY_NAME = "tiny-random-llama"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -102,12 +101,6 @@ def tiny_target_path() -> Path:
     with FileLock(str(final) + ".lock"):
         if (final / "config.json").exists() and (final / "model.safetensors").exists():
             return final
-        staging = Path(tempfile.mkdtemp(prefix=f".{TINY_NAME}-", dir=final.parent))
-        try:
-            build_tiny_llama(staging / "model")
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(staging / "model", final)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        with staged_dir(final) as build:
+            build_tiny_llama(build)
     return final

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +21,8 @@ from typing import Any, ClassVar
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from draftsmith.files import staged_dir
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -255,20 +254,11 @@ class DraftHead(nn.Module, ABC):
 
     def save(self, folder: str | Path) -> Path:
         """Write config.json + model.safetensors atomically (a temp folder renamed into place)."""
-        folder = Path(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
-        (staging / CONFIG_FILE).write_text(json.dumps(self.config_dict(), indent=2))
-        if folder.exists():
-            old = folder.with_name(f".{folder.name}-old")
-            os.replace(folder, old)
-            os.replace(staging, folder)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, folder)
-        return folder
+        with staged_dir(folder) as build:
+            save_file(state, str(build / WEIGHTS_FILE), metadata={"format": "pt"})
+            (build / CONFIG_FILE).write_text(json.dumps(self.config_dict(), indent=2))
+        return Path(folder)
 
 
 def read_head_config(folder: str | Path) -> dict[str, Any]:

@@ -14,15 +14,13 @@ Key facts (research/features.md section 3):
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from draftsmith.files import staged_dir
 from draftsmith.heads.base import DraftHead, TargetInfo
 from draftsmith.heads.eagle3 import default_aux_layers
 
@@ -240,23 +238,14 @@ def export_head(
         config = {}
     weights = export_weights(head, fmt) if fmt != "native" else head.state_dict()
     validate(head, fmt, weights, config)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with staged_dir(out) as build:
         if fmt == "native":
-            head.save(staging / "head")
-            os.replace(staging / "head", staging / "final")
+            head.save(build)
         else:
-            (staging / "final").mkdir()
             file = "medusa_lm_head.safetensors" if fmt == "medusa" else "model.safetensors"
             tensors = {k: v.contiguous() for k, v in weights.items()}
-            save_file(tensors, str(staging / "final" / file), metadata={"format": "pt"})
-            (staging / "final" / "config.json").write_text(json.dumps(config, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging / "final", out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            save_file(tensors, str(build / file), metadata={"format": "pt"})
+            (build / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
 

@@ -4,7 +4,6 @@ collects every result under one eval folder (tau and speedup vs tree size)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import matplotlib
@@ -12,11 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+from draftsmith.files import write_text_atomic  # noqa: E402
 
 
 def results_markdown(r: dict) -> str:
@@ -54,8 +49,8 @@ def results_markdown(r: dict) -> str:
 
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / "results.json", json.dumps(results, indent=2))
-    _atomic_write(out / "results.md", results_markdown(results))
+    write_text_atomic(out / "results.json", json.dumps(results, indent=2))
+    write_text_atomic(out / "results.md", results_markdown(results))
     depths = results["depth_acceptance"]
     if depths:
         fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -87,7 +82,7 @@ def write_sweep_summary(folder: Path) -> None:
             f"{r['tree']['total_tokens']} | {r['eval']['temperature']} | {r['tau']:.2f} | "
             f"{s.get('vs_vanilla', float('nan')):.2f}x | {s.get('vs_lookup', float('nan')):.2f}x |"
         )
-    _atomic_write(folder / "summary.md", "\n".join(lines) + "\n")
+    write_text_atomic(folder / "summary.md", "\n".join(lines) + "\n")
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for kind in sorted({r["tree"]["kind"] for _, r in runs}):
         pts = sorted(

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from draftsmith.assets import sha256_file
 from draftsmith.conf.schema import Config
 from draftsmith.features import LAYER_CONVENTION, extract_features
+from draftsmith.files import write_text_atomic
 from draftsmith.heads import TargetParts
 from draftsmith.heads.eagle3 import default_aux_layers
 from draftsmith.target import load_target, target_name, torch_dtype
@@ -94,9 +95,7 @@ def collect_shard(
 
 
 def _write_index(out: Path, index: dict) -> None:
-    tmp = out / (INDEX + ".tmp")
-    tmp.write_text(json.dumps(index, indent=2))
-    os.replace(tmp, out / INDEX)
+    write_text_atomic(out / INDEX, json.dumps(index, indent=2))
 
 
 def verify_shards(out: Path) -> int:

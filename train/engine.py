@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.conf.schema import Config
+from draftsmith.files import write_text_atomic
 
 
 def init_distributed(device: str) -> tuple[int, int]:
@@ -130,9 +131,7 @@ def save_checkpoint(
     engine.save_checkpoint(str(folder), tag=tag, client_state=client_state, save_latest=False)
     barrier()
     if rank == 0:
-        tmp = folder / "latest.tmp"
-        tmp.write_text(tag)
-        os.replace(tmp, folder / "latest")
+        write_text_atomic(folder / "latest", tag)
         old = sorted(p for p in folder.glob("step_*") if p.is_dir())[:-keep_last]
         for path in old:
             shutil.rmtree(path, ignore_errors=True)

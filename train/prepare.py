@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from draftsmith.conf.schema import Config
 from draftsmith.conversations import Conversation, read_conversations
+from draftsmith.files import write_text_atomic
 from draftsmith.target import load_target, load_tokenizer
 from draftsmith.train.regenerate import regenerate
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
@@ -99,10 +100,12 @@ def run(cfg: Config) -> dict:
     dataset.save_to_disk(str(tmp))
     shutil.rmtree(out / "dataset", ignore_errors=True)
     os.replace(tmp, out / "dataset")
-    with open(out / "heldout.jsonl.tmp", "w") as f:
-        for conv in splits["heldout"]:
-            f.write(json.dumps({"id": conv.id, "messages": conv.to_messages()}) + "\n")
-    os.replace(out / "heldout.jsonl.tmp", out / "heldout.jsonl")
+    write_text_atomic(
+        out / "heldout.jsonl",
+        "".join(
+            json.dumps({"id": c.id, "messages": c.to_messages()}) + "\n" for c in splits["heldout"]
+        ),
+    )
     stats = {
         "source": report.to_dict(),
         "regenerated": d.regenerate,
@@ -116,8 +119,7 @@ def run(cfg: Config) -> dict:
         "skipped": dict(skipped),
         "skipped_examples": examples,
     }
-    (out / "stats.json.tmp").write_text(json.dumps(stats, indent=2))
-    os.replace(out / "stats.json.tmp", out / "stats.json")
+    write_text_atomic(out / "stats.json", json.dumps(stats, indent=2))
     print(
         f"prepare: {stats['rows']} rows, {stats['tokens']} tokens, "
         f"{stats['masked_tokens']} masked; skipped {dict(skipped)} -> {out}"

@@ -9,7 +9,6 @@ prompt cannot be rendered or is too long are logged with the reason and dropped,
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from tqdm import tqdm
 
 from draftsmith.conf.schema import RegenConfig
 from draftsmith.conversations import Conversation, Turn
+from draftsmith.files import write_text_atomic
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
 
@@ -132,11 +132,10 @@ def regenerate(
             new, produced = regenerate_chunk(target, tokenizer, renderer, chunk, cfg, failures)
             seconds += time.perf_counter() - t0
             tokens += produced
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(
-                "".join(json.dumps({"id": c.id, "messages": c.to_messages()}) + "\n" for c in new)
+            write_text_atomic(
+                path,
+                "".join(json.dumps({"id": c.id, "messages": c.to_messages()}) + "\n" for c in new),
             )
-            os.replace(tmp, path)
         for line in path.read_text().splitlines():
             row = json.loads(line)
             out.append(
