@@ -102,10 +102,14 @@ def _markdown(summary: dict) -> str:
         ]
     if "eval" in summary:
         e = summary["eval"]
-        speed = ", ".join(f"{k.removeprefix('vs_')} {v:.2f}x" for k, v in e["speedup"].items())
-        lines += [
+        line = (
             f"eval ({e['eval']['benchmark']}, {e['prompts']} prompts, {e['machine']['dtype']}):"
-            f" tau {e['tau']:.2f}; speedup over {speed}; greedy mismatches "
-            f"{e['mismatch']['prompts']}/{e['prompts']}"
-        ]
+            f" tau {e['tau']:.2f}"
+        )
+        if e["speedup"]:  # no baselines decoded: tau only
+            speed = ", ".join(f"{k.removeprefix('vs_')} {v:.2f}x" for k, v in e["speedup"].items())
+            line += f"; speedup over {speed}"
+        if e["mismatch"]["checked"]:
+            line += f"; greedy mismatches {e['mismatch']['prompts']}/{e['prompts']}"
+        lines.append(line)
     return "\n".join(lines) + "\n"

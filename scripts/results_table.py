@@ -35,12 +35,12 @@ def run_rows(run: Path) -> tuple[list[str], list[str]]:
         depth = " ".join(f"{a:.2f}" for a in r["depth_acceptance"][:6])
         mism = f"{r['mismatch']['prompts']}/{r['prompts']}" if r["mismatch"]["checked"] else "-"
         tree = f"{t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']}"
-        nan = float("nan")
+        speed = {k: f"{s[k]:.2f}x" if k in s else "-" for k in ("vs_vanilla", "vs_lookup")}
         rows.append(
             f"| {run.name} | {r['head']['name']} | {e['benchmark']} | {e['temperature']} | "
             f"{r['machine']['dtype']} | {tree} | {r['prompts']} | **{r['tau']:.2f}** | {depth} | "
-            f"{r['tokens_per_second']['speculative']:.1f} | {s.get('vs_vanilla', nan):.2f}x | "
-            f"{s.get('vs_lookup', nan):.2f}x | {mism} |"
+            f"{r['tokens_per_second']['speculative']:.1f} | {speed['vs_vanilla']} | "
+            f"{speed['vs_lookup']} | {mism} |"
         )
     return budget, rows
 
