@@ -18,14 +18,16 @@ def run_rows(run: Path) -> tuple[list[str], list[str]]:
     )
     budget = []
     if summary:
-        minutes = {r["stage"]: r["seconds"] / 60 for r in summary.get("stages", [])}
+        # a stage skipped because its output was complete ran in an earlier invocation
+        minutes = {
+            r["stage"]: f"{r['seconds'] / 60:.0f}" if r["status"] == "done" else "reused"
+            for r in summary.get("stages", [])
+        }
         data = summary.get("data", {})
         budget.append(
             f"| {run.name} | {data.get('tokens', {}).get('train', '?')} | "
             f"{data.get('regenerated', '?')} | {summary.get('train', {}).get('steps', '?')} | "
-            + " | ".join(
-                f"{minutes.get(s, 0):.0f}" for s in ("prepare", "collect", "train", "eval")
-            )
+            + " | ".join(minutes.get(s, "-") for s in STAGES)
             + " |"
         )
     rows = []
