@@ -5,7 +5,7 @@
      on the same prompts (goal: >= 4x).
 Writes JSON + a markdown table. Usage:
   python scripts/bench_data.py [--target smollm2-135m-instruct] [--dtype bfloat16] [--rows 48]
-                               [--regen-batch 32] [--regen-tokens 64]
+                               [--regen-batch 32] [--regen-tokens 256]
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=48)
     p.add_argument("--tokens-per-batch", type=int, default=4096)
     p.add_argument("--regen-batch", type=int, default=32)
-    p.add_argument("--regen-tokens", type=int, default=64, help="max_new_tokens per answer")
+    # the answer length regeneration really uses: short answers would time mostly the prefill
+    p.add_argument("--regen-tokens", type=int, default=RegenConfig.max_new_tokens)
     p.add_argument("--out", default="runs/bench/data")
     args = p.parse_args()
     tokenizer = load_tokenizer(args.target)
