@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from draftsmith.config import compose
-from draftsmith.pipeline import run
+from draftsmith.pipeline import _markdown, run
 
 
 def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
@@ -55,3 +55,20 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     assert list((out / "train").glob("wandb/offline-run-*/*.wandb"))
     again = run(compose(overrides))
     assert [r["status"] for r in again["stages"]] == ["already complete"] * 5
+
+
+def test_summary_prints_only_what_was_measured() -> None:
+    """An eval without baselines (the quick preset) reports tau, no speedup or mismatch count."""
+    e = {
+        "eval": {"benchmark": "mt-bench"},
+        "prompts": 80,
+        "machine": {"dtype": "bfloat16"},
+        "tau": 1.5,
+        "speedup": {},
+        "mismatch": {"checked": False, "prompts": 0},
+    }
+    text = _markdown({"run": "q", "stages": [], "eval": e})
+    assert "tau 1.50" in text and "speedup" not in text and "mismatch" not in text
+    e |= {"speedup": {"vs_vanilla": 1.1}, "mismatch": {"checked": True, "prompts": 3}}
+    text = _markdown({"run": "q", "stages": [], "eval": e})
+    assert "speedup over vanilla 1.10x" in text and "greedy mismatches 3/80" in text
