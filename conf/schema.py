@@ -38,6 +38,10 @@ class RegenConfig:
     batch_size: int = 32
     # conversations per resumable chunk file
     chunk_rows: int = 64
+    # attention backend of the generating target: on CPU, transformers' eager attention decodes
+    # ~1.4x faster than SDPA at batch 32 (torch's CPU SDPA kernel is slow for 1-token queries);
+    # use "sdpa" (or "flash_attention_2") on GPUs
+    attn_implementation: str = "eager"
     # longer prompts are skipped (and logged)
     max_prompt_len: int = 1024
     # regenerate only the first N conversations of each split (null = all); the rest keep

@@ -76,22 +76,27 @@ def write_sweep_summary(folder: Path) -> None:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for name, r in runs:
-        s = r["speedup"]
+        # "-": that baseline was not run (e.g. a speculative-only eval)
+        s = {k: f"{v:.2f}x" for k, v in r["speedup"].items()}
         lines.append(
             f"| {name} | {r['tree']['kind']} d{r['tree']['depth']} k{r['tree']['top_k']} | "
             f"{r['tree']['total_tokens']} | {r['eval']['temperature']} | {r['tau']:.2f} | "
-            f"{s.get('vs_vanilla', float('nan')):.2f}x | {s.get('vs_lookup', float('nan')):.2f}x |"
+            f"{s.get('vs_vanilla', '-')} | {s.get('vs_lookup', '-')} |"
         )
     write_text_atomic(folder / "summary.md", "\n".join(lines) + "\n")
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for kind in sorted({r["tree"]["kind"] for _, r in runs}):
         pts = sorted(
-            (r["tree"]["total_tokens"], r["tau"], r["speedup"].get("vs_vanilla", 0))
-            for _, r in runs
-            if r["tree"]["kind"] == kind
+            (
+                (r["tree"]["total_tokens"], r["tau"], r["speedup"].get("vs_vanilla"))
+                for _, r in runs
+                if r["tree"]["kind"] == kind
+            ),
+            key=lambda p: p[0],
         )
         axes[0].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=kind)
-        axes[1].plot([p[0] for p in pts], [p[2] for p in pts], "o-", label=kind)
+        timed = [p for p in pts if p[2] is not None]
+        axes[1].plot([p[0] for p in timed], [p[2] for p in timed], "o-", label=kind)
     axes[0].set_ylabel("tau")
     axes[1].set_ylabel("speedup vs vanilla")
     for ax in axes:

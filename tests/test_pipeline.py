@@ -72,3 +72,23 @@ def test_summary_prints_only_what_was_measured() -> None:
     e |= {"speedup": {"vs_vanilla": 1.1}, "mismatch": {"checked": True, "prompts": 3}}
     text = _markdown({"run": "q", "stages": [], "eval": e})
     assert "speedup over vanilla 1.10x" in text and "greedy mismatches 3/80" in text
+
+
+def test_sweep_summary_marks_missing_baselines(tmp_path: Path) -> None:
+    """The eval folder's sweep table prints '-' for a baseline that was not run, never 'nan'."""
+    from draftsmith.inference.report import write_sweep_summary
+
+    for name, speedup in (("a", {}), ("b", {"vs_vanilla": 1.25, "vs_lookup": 0.9})):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        result = {
+            "tree": {"kind": "dynamic", "depth": 5, "top_k": 4, "total_tokens": 12},
+            "eval": {"temperature": 0.0},
+            "tau": 1.5,
+            "speedup": speedup,
+        }
+        (run_dir / "results.json").write_text(json.dumps(result))
+    write_sweep_summary(tmp_path)
+    rows = (tmp_path / "summary.md").read_text().splitlines()[2:]
+    assert rows[0].endswith("| 1.50 | - | - |") and rows[1].endswith("| 1.50 | 1.25x | 0.90x |")
+    assert (tmp_path / "tree_sweep.png").exists()

@@ -129,3 +129,9 @@ def test_prepare_with_regeneration_resumes(tmp_path: Path, monkeypatch) -> None:
     prepare.run(compose(overrides))
     assert 0 < len(calls) - first < first
     assert (out / "heldout.jsonl").exists() and (out / "dataset" / "train").exists()
+    # other generation settings: nothing finished is reused (the chunk names differ)
+    (out / "stats.json").unlink()
+    again = len(calls)
+    prepare.run(compose([*overrides, "data.regen.max_new_tokens=6"]))
+    assert len(calls) - again == first
+    assert len(list((out / "regen/train").glob("chunk_*.jsonl"))) == 8

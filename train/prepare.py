@@ -63,7 +63,13 @@ def run(cfg: Config) -> dict:
     tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
     renderer = ConversationTokenizer(tokenizer, d.template, d.max_len, d.length_policy)
     if d.regenerate:
-        target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
+        target = load_target(
+            cfg.target.path,
+            cfg.dtype,
+            cfg.device,
+            cfg.target.trust_remote_code,
+            attn_implementation=d.regen.attn_implementation,
+        )
         for name in ("heldout", "train"):
             n = len(splits[name]) if d.regen.rows is None else d.regen.rows
             first, rest = splits[name][:n], splits[name][n:]

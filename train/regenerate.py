@@ -2,12 +2,16 @@
 
 Multi-turn aware (turn j is answered with the target's own earlier answers in context), batched
 with left padding over length-sorted prompts, greedy or sampled, stopping at EOS. Work is written
-in chunks of rows (`chunk_00000.jsonl`, atomically); a rerun skips finished chunks. Rows whose
-prompt cannot be rendered or is too long are logged with the reason and dropped, never silently.
+in chunks of rows (`chunk_00000_<digest>.jsonl`, atomically); a rerun skips finished chunks. The
+digest covers the chunk's conversation ids, the target and the generation settings, so a rerun
+with other data (limit, seed, chunk_rows) or settings regenerates instead of reusing stale answers.
+Rows whose prompt cannot be rendered or is too long are logged with the reason and dropped, never
+silently.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -109,6 +113,16 @@ def regenerate_chunk(
     return result, produced
 
 
+def chunk_path(
+    folder: Path, index: int, chunk: list[Conversation], target, cfg: RegenConfig
+) -> Path:
+    """Where chunk `index` lives; the name changes whenever its inputs do (see module doc)."""
+    settings = (cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.max_prompt_len)
+    key = [getattr(target.config, "_name_or_path", ""), *map(str, settings), *(c.id for c in chunk)]
+    digest = hashlib.sha256("\n".join(key).encode()).hexdigest()[:12]
+    return folder / f"chunk_{index:05d}_{digest}.jsonl"
+
+
 def regenerate(
     target,
     tokenizer,
@@ -126,7 +140,7 @@ def regenerate(
     failures: list[str] = []
     tokens, seconds = 0, 0.0
     for index, chunk in enumerate(tqdm(chunks, desc="regenerate", unit="chunk")):
-        path = folder / f"chunk_{index:05d}.jsonl"
+        path = chunk_path(folder, index, chunk, target, cfg)
         if not path.exists():
             t0 = time.perf_counter()
             new, produced = regenerate_chunk(target, tokenizer, renderer, chunk, cfg, failures)
