@@ -33,9 +33,14 @@ class RegenConfig:
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
-    # prompts per generate() call (length-sorted, left-padded); SmolLM2 on 2 CPU cores: batch 32
-    # gives ~8x the tokens/s of batch 1 (scripts/bench_data.py)
+    # "padded": transformers generate() over length-sorted, left-padded batches; "continuous":
+    # transformers generate_batch() (continuous batching: a finished row's slot is refilled at once)
+    engine: str = "padded"
+    # rows generated together; SmolLM2 on 2 CPU cores: batch 32 gives ~5x the tokens/s of batch 1
+    # (scripts/bench_data.py)
     batch_size: int = 32
+    # continuous engine: most tokens in one forward (prompts are prefilled in chunks of this)
+    max_batch_tokens: int = 512
     # conversations per resumable chunk file
     chunk_rows: int = 64
     # attention backend of the generating target: on CPU, transformers' eager attention decodes

@@ -110,8 +110,8 @@ def test_prepare_with_regeneration_resumes(tmp_path: Path, monkeypatch) -> None:
         "data.regen.chunk_rows=8",
     ]
     calls = []
-    real = regenerate._generate
-    monkeypatch.setattr(regenerate, "_generate", lambda *a: calls.append(1) or real(*a))
+    real = regenerate.generate_answers
+    monkeypatch.setattr(regenerate, "generate_answers", lambda *a: calls.append(1) or real(*a))
     stats = prepare.run(compose(overrides))
     assert stats["source"]["skipped"] == {"unknown role": 1}
     # the question-only row got its answer from the target
@@ -135,3 +135,24 @@ def test_prepare_with_regeneration_resumes(tmp_path: Path, monkeypatch) -> None:
     prepare.run(compose([*overrides, "data.regen.max_new_tokens=6"]))
     assert len(calls) - again == first
     assert len(list((out / "regen/train").glob("chunk_*.jsonl"))) == 8
+
+
+def test_continuous_batching_matches_padded_generation(tiny_target, tiny_tokenizer) -> None:
+    """Both regeneration engines give the target's own greedy answers, prompt for prompt."""
+    from draftsmith.conf.schema import RegenConfig
+    from draftsmith.train.regenerate import generate_answers
+
+    prompts = [list(range(5, 5 + n)) for n in (3, 17, 9, 30, 1)]
+    answers = {
+        engine: generate_answers(
+            tiny_target,
+            tiny_tokenizer,
+            prompts,
+            RegenConfig(max_new_tokens=12, engine=engine, batch_size=2),
+        )
+        for engine in ("padded", "continuous")
+    }
+    assert answers["padded"] == answers["continuous"]
+    assert all(len(a) == 12 for a in answers["padded"])  # no EOS from a random model
+    with pytest.raises(ValueError, match="data.regen.engine"):
+        generate_answers(tiny_target, tiny_tokenizer, prompts, RegenConfig(engine="vllm"))

@@ -25,8 +25,20 @@ from draftsmith.files import write_text_atomic
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
 
-def _generate(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list[list[int]]:
-    """Batched generation with left padding; returns the new tokens, cut after EOS."""
+def _sampling(tokenizer, cfg: RegenConfig) -> dict:
+    kwargs = {
+        "do_sample": cfg.temperature > 0,
+        "max_new_tokens": cfg.max_new_tokens,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    if cfg.temperature > 0:
+        kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p)
+    return kwargs
+
+
+def _generate_padded(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list[list]:
+    """transformers `generate` over one left-padded batch (every row runs until the last ends)."""
     device = next(target.parameters()).device
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
@@ -34,22 +46,49 @@ def _generate(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> 
     attention = torch.tensor(
         [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device
     )
-    kwargs = {
-        "do_sample": cfg.temperature > 0,
-        "max_new_tokens": cfg.max_new_tokens,
-        "pad_token_id": pad,
-        "eos_token_id": tokenizer.eos_token_id,
-    }
-    if cfg.temperature > 0:
-        kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p)
     with torch.no_grad():
-        out = target.generate(input_ids=ids, attention_mask=attention, **kwargs)[:, width:]
-    answers = []
-    for row in out.tolist():
-        if tokenizer.eos_token_id in row:
-            row = row[: row.index(tokenizer.eos_token_id)]
-        answers.append(row)
-    return answers
+        out = target.generate(input_ids=ids, attention_mask=attention, **_sampling(tokenizer, cfg))
+    return out[:, width:].tolist()
+
+
+def _generate_continuous(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list:
+    """transformers `generate_batch`: continuous batching, a finished row's slot is refilled at
+    once, so no step is spent on rows that already ended (up to batch_size rows at a time)."""
+    from transformers import GenerationConfig
+    from transformers.generation import ContinuousBatchingConfig
+
+    with torch.no_grad():
+        results = target.generate_batch(
+            prompts,
+            generation_config=GenerationConfig(**_sampling(tokenizer, cfg)),
+            continuous_batching_config=ContinuousBatchingConfig(
+                max_requests_per_batch=cfg.batch_size, max_batch_tokens=cfg.max_batch_tokens
+            ),
+        )
+    outputs = list(results.values())  # generate_batch returns them in input order
+    failed = [o.request_id for o in outputs if o.error is not None]
+    if len(outputs) != len(prompts) or failed:
+        raise RuntimeError(
+            f"continuous batching returned {len(outputs)}/{len(prompts)} answers, failed: "
+            f"{failed[:5]}; retry with data.regen.engine=padded"
+        )
+    return [o.generated_tokens for o in outputs]
+
+
+def generate_answers(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list[list]:
+    """New tokens for every prompt, cut before EOS."""
+    if cfg.engine == "continuous":
+        rows = _generate_continuous(target, tokenizer, prompts, cfg)
+    elif cfg.engine == "padded":
+        rows = []
+        for start in range(0, len(prompts), cfg.batch_size):
+            rows += _generate_padded(
+                target, tokenizer, prompts[start : start + cfg.batch_size], cfg
+            )
+    else:
+        raise ValueError(f"data.regen.engine={cfg.engine!r}: expected 'padded' or 'continuous'")
+    eos = tokenizer.eos_token_id
+    return [row[: row.index(eos)] if eos in row else row for row in rows]
 
 
 def regenerate_chunk(
@@ -97,14 +136,10 @@ def regenerate_chunk(
                 continue
             pending.append((i, prompt))
         pending.sort(key=lambda item: len(item[1]))  # length buckets: little padding per batch
-        for start in range(0, len(pending), cfg.batch_size):
-            batch = pending[start : start + cfg.batch_size]
-            answers = _generate(target, tokenizer, [p for _, p in batch], cfg)
-            for (i, _), answer in zip(batch, answers):
-                produced += len(answer)
-                done[i].append(
-                    Turn("assistant", tokenizer.decode(answer, skip_special_tokens=True))
-                )
+        answers = generate_answers(target, tokenizer, [p for _, p in pending], cfg)
+        for (i, _), answer in zip(pending, answers):
+            produced += len(answer)
+            done[i].append(Turn("assistant", tokenizer.decode(answer, skip_special_tokens=True)))
     result = [
         Conversation(c.id, turns)
         for c, turns in zip(conversations, done)
