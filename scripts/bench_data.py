@@ -2,7 +2,8 @@
   1. collection (forward + hooks + target top-1 + shard tensors) vs the plain target forward on
      the same length-bucketed batches (goal: ratio >= 0.9);
   2. regeneration tokens/s, batched (--regen-batch prompts per generate call) vs batch size 1
-     on the same prompts (goal: >= 4x).
+     on the same prompts (goal: >= 4x), and transformers' continuous batching (engine=continuous)
+     with as many rows in flight, all with the attention backend prepare generates with.
 Writes JSON + a markdown table. Usage:
   python scripts/bench_data.py [--target smollm2-135m-instruct] [--dtype bfloat16] [--rows 48]
                                [--regen-batch 32] [--regen-tokens 256]
@@ -83,6 +84,7 @@ def main() -> None:
                 times["collect"] += t2 - t1
     tokens = sum(lengths)
     cfg = RegenConfig(max_new_tokens=args.regen_tokens, max_prompt_len=512)
+    target.set_attn_implementation(cfg.attn_implementation)  # as prepare loads it to generate
     regen = {}
     # first user turn of --regen-batch conversations: the same work for both batch sizes
     sample = [
@@ -91,11 +93,11 @@ def main() -> None:
         if any(t.role == "user" for t in c.turns)
     ][: args.regen_batch]
     batched = len(sample)
-    for size in (batched, 1):
-        cfg.batch_size = size
+    for engine, size in (("padded", batched), ("padded", 1), ("continuous", batched)):
+        cfg.engine, cfg.batch_size = engine, size
         t0 = time.perf_counter()
         _, produced = regenerate_chunk(target, tokenizer, renderer, sample, cfg, [])
-        regen[size] = produced / (time.perf_counter() - t0)
+        regen[engine, size] = produced / (time.perf_counter() - t0)
     results = {
         "target": args.target,
         "dtype": args.dtype,
@@ -105,9 +107,11 @@ def main() -> None:
         "collect_vs_plain": times["plain"] / times["collect"],
         "regen_batch": batched,
         "regen_max_new_tokens": args.regen_tokens,
-        "regen_tokens_per_second_batched": regen[batched],
-        "regen_tokens_per_second_batch1": regen[1],
-        "regen_batched_vs_single": regen[batched] / regen[1],
+        "regen_attn_implementation": cfg.attn_implementation,
+        "regen_tokens_per_second_batched": regen["padded", batched],
+        "regen_tokens_per_second_batch1": regen["padded", 1],
+        "regen_tokens_per_second_continuous": regen["continuous", batched],
+        "regen_batched_vs_single": regen["padded", batched] / regen["padded", 1],
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -118,8 +122,10 @@ def main() -> None:
         f"| collection incl. hooks, top-1, fp16 copies (tok/s) | "
         f"{results['collect_tokens_per_second']:.0f} |\n"
         f"| collection / plain forward | {results['collect_vs_plain']:.2f} |\n"
-        f"| regeneration, batch {batched} (tok/s) | {regen[batched]:.1f} |\n"
-        f"| regeneration, batch 1 (tok/s) | {regen[1]:.1f} |\n"
+        f"| regeneration, batch {batched} (tok/s) | {regen['padded', batched]:.1f} |\n"
+        f"| regeneration, batch 1 (tok/s) | {regen['padded', 1]:.1f} |\n"
+        f"| regeneration, continuous batching, {batched} in flight (tok/s) | "
+        f"{regen['continuous', batched]:.1f} |\n"
         f"| regeneration batched / single | {results['regen_batched_vs_single']:.2f}x |\n"
     )
     (out / "results.md").write_text(table)
