@@ -1,7 +1,8 @@
 """Self-distillation: the target answers every user turn itself.
 
 Multi-turn aware (turn j is answered with the target's own earlier answers in context), batched
-with left padding over length-sorted prompts, greedy or sampled, stopping at EOS. Work is written
+(left-padded `generate` over length-sorted prompts, or transformers' continuous batching), greedy
+or sampled, stopping at EOS. Work is written
 in chunks of rows (`chunk_00000_<digest>.jsonl`, atomically); a rerun skips finished chunks. The
 digest covers the chunk's conversation ids, the target and the generation settings, so a rerun
 with other data (limit, seed, chunk_rows) or settings regenerates instead of reusing stale answers.
