@@ -7,6 +7,7 @@
 Writes JSON + a markdown table. Usage:
   python scripts/bench_data.py [--target smollm2-135m-instruct] [--dtype bfloat16] [--rows 48]
                                [--regen-batch 32] [--regen-tokens 256]
+(--regen-batch 0 measures collection only.)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--rows", type=int, default=48)
     p.add_argument("--tokens-per-batch", type=int, default=4096)
-    p.add_argument("--regen-batch", type=int, default=32)
+    p.add_argument("--regen-batch", type=int, default=32, help="0 = skip regeneration")
     # the answer length regeneration really uses: short answers would time mostly the prefill
     p.add_argument("--regen-tokens", type=int, default=RegenConfig.max_new_tokens)
     p.add_argument("--out", default="runs/bench/data")
@@ -64,25 +65,73 @@ def main() -> None:
             mask[r, : lengths[i]] = 1
         return ids, mask
 
+    def plain(ids, mask) -> None:
+        with torch.no_grad():
+            target(input_ids=ids, attention_mask=mask, use_cache=False)
+
+    def collect(ids, mask) -> None:
+        hidden, aux = extract_features(target, ids, mask, [2, 15, 27])
+        top = parts.top_tokens(hidden)
+        _ = [
+            (hidden[r, :n].half(), aux[r, :n].half(), top[r, :n].int())
+            for r, n in enumerate(mask.sum(1).tolist())
+        ]
+
     times = {"plain": 0.0, "collect": 0.0}
-    for rep in range(2):  # interleaved, second pass counted (first warms up)
+    # interleaved batch by batch, first pass warms up; the order alternates between passes so
+    # neither side always runs on caches the other one warmed
+    for rep in range(3):
         for batch in batches:
             ids, mask = padded(batch)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                target(input_ids=ids, attention_mask=mask, use_cache=False)
-            t1 = time.perf_counter()
-            hidden, aux = extract_features(target, ids, mask, [2, 15, 27])
-            top = parts.top_tokens(hidden)
-            _ = [
-                (hidden[r, :n].half(), aux[r, :n].half(), top[r, :n].int())
-                for r, n in enumerate(mask.sum(1).tolist())
-            ]
-            t2 = time.perf_counter()
-            if rep:
-                times["plain"] += t1 - t0
-                times["collect"] += t2 - t1
+            for name in ("plain", "collect") if rep % 2 else ("collect", "plain"):
+                t0 = time.perf_counter()
+                {"plain": plain, "collect": collect}[name](ids, mask)
+                if rep:
+                    times[name] += time.perf_counter() - t0
     tokens = sum(lengths)
+    results = {
+        "target": args.target,
+        "dtype": args.dtype,
+        "tokens": tokens,
+        "plain_forward_tokens_per_second": tokens / times["plain"],
+        "collect_tokens_per_second": tokens / times["collect"],
+        "collect_vs_plain": times["plain"] / times["collect"],
+    }
+    table = (
+        "| measurement | value |\n|---|---:|\n"
+        f"| plain target forward (tok/s) | {results['plain_forward_tokens_per_second']:.0f} |\n"
+        f"| collection incl. hooks, top-1, fp16 copies (tok/s) | "
+        f"{results['collect_tokens_per_second']:.0f} |\n"
+        f"| collection / plain forward | {results['collect_vs_plain']:.2f} |\n"
+    )
+    if args.regen_batch > 0:
+        regen, batched = bench_regen(target, tokenizer, renderer, conversations, args)
+        results |= {
+            "regen_batch": batched,
+            "regen_max_new_tokens": args.regen_tokens,
+            "regen_attn_implementation": RegenConfig.attn_implementation,
+            "regen_tokens_per_second_batched": regen["padded", batched],
+            "regen_tokens_per_second_batch1": regen["padded", 1],
+            "regen_tokens_per_second_continuous": regen["continuous", batched],
+            "regen_batched_vs_single": regen["padded", batched] / regen["padded", 1],
+        }
+        table += (
+            f"| regeneration, batch {batched} (tok/s) | {regen['padded', batched]:.1f} |\n"
+            f"| regeneration, batch 1 (tok/s) | {regen['padded', 1]:.1f} |\n"
+            f"| regeneration, continuous batching, {batched} in flight (tok/s) | "
+            f"{regen['continuous', batched]:.1f} |\n"
+            f"| regeneration batched / single | {results['regen_batched_vs_single']:.2f}x |\n"
+        )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.md").write_text(table)
+    print(table)
+
+
+def bench_regen(target, tokenizer, renderer, conversations, args) -> tuple[dict, int]:
+    """Regeneration tokens/s for padded batches of --regen-batch, batch 1 and continuous
+    batching, on the same first user turns."""
     cfg = RegenConfig(max_new_tokens=args.regen_tokens, max_prompt_len=512)
     target.set_attn_implementation(cfg.attn_implementation)  # as prepare loads it to generate
     regen = {}
@@ -98,38 +147,7 @@ def main() -> None:
         t0 = time.perf_counter()
         _, produced = regenerate_chunk(target, tokenizer, renderer, sample, cfg, [])
         regen[engine, size] = produced / (time.perf_counter() - t0)
-    results = {
-        "target": args.target,
-        "dtype": args.dtype,
-        "tokens": tokens,
-        "plain_forward_tokens_per_second": tokens / times["plain"],
-        "collect_tokens_per_second": tokens / times["collect"],
-        "collect_vs_plain": times["plain"] / times["collect"],
-        "regen_batch": batched,
-        "regen_max_new_tokens": args.regen_tokens,
-        "regen_attn_implementation": cfg.attn_implementation,
-        "regen_tokens_per_second_batched": regen["padded", batched],
-        "regen_tokens_per_second_batch1": regen["padded", 1],
-        "regen_tokens_per_second_continuous": regen["continuous", batched],
-        "regen_batched_vs_single": regen["padded", batched] / regen["padded", 1],
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    table = (
-        "| measurement | value |\n|---|---:|\n"
-        f"| plain target forward (tok/s) | {results['plain_forward_tokens_per_second']:.0f} |\n"
-        f"| collection incl. hooks, top-1, fp16 copies (tok/s) | "
-        f"{results['collect_tokens_per_second']:.0f} |\n"
-        f"| collection / plain forward | {results['collect_vs_plain']:.2f} |\n"
-        f"| regeneration, batch {batched} (tok/s) | {regen['padded', batched]:.1f} |\n"
-        f"| regeneration, batch 1 (tok/s) | {regen['padded', 1]:.1f} |\n"
-        f"| regeneration, continuous batching, {batched} in flight (tok/s) | "
-        f"{regen['continuous', batched]:.1f} |\n"
-        f"| regeneration batched / single | {results['regen_batched_vs_single']:.2f}x |\n"
-    )
-    (out / "results.md").write_text(table)
-    print(table)
+    return regen, batched
 
 
 if __name__ == "__main__":
