@@ -93,4 +93,15 @@ def load_target(
     model.to(device)
     model.eval()
     model.requires_grad_(False)
+    head = model.get_output_embeddings()
+    if head is not None:
+        head.register_forward_pre_hook(_contiguous_input)
     return model
+
+
+def _contiguous_input(module: torch.nn.Module, args: tuple) -> tuple:
+    """transformers feeds the lm_head `hidden[:, -k:]` (generate's prefill: logits_to_keep=1);
+    for batch > 1 that view is not contiguous, and torch's matmul with a frozen weight then
+    expands the [V, H] weight to one copy per row (SmolLM2, batch 32: 10.4 s instead of 0.02 s
+    on one core). Copying the small input instead is free."""
+    return (args[0].contiguous(), *args[1:])

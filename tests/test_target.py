@@ -34,6 +34,23 @@ def test_tiny_target_loads_with_chat_template(tiny_target, tiny_tokenizer) -> No
     assert logits.softmax(-1).max(-1).values.mean() > 0.05
 
 
+def test_lm_head_reads_contiguous_rows(tiny_target) -> None:
+    """generate()'s prefill slices hidden[:, -1:] for the lm_head; a non-contiguous batch > 1
+    view would make torch copy the frozen lm_head weight once per row."""
+    seen = []
+    head = tiny_target.get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, args, out: seen.append(args[0].is_contiguous()))
+    try:
+        ids = torch.randint(3, 200, (3, 7))
+        with torch.no_grad():
+            last = tiny_target(ids, logits_to_keep=1).logits  # [3, 1, V]
+            full = tiny_target(ids).logits  # [3, 7, V]
+    finally:
+        handle.remove()
+    assert seen == [True, True]
+    torch.testing.assert_close(last[:, 0], full[:, -1])
+
+
 def test_uncached_asset_names_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))
     with pytest.raises(AssetError, match="draftsmith assets fetch smollm2-135m-instruct"):

@@ -18,8 +18,12 @@ def run(cfg: Config) -> dict | None:
 
         return train(cfg)
     overrides = [a for a in sys.argv[1:] if not a.startswith(("launcher=", "nproc=", "stage="))]
+    # DeepSpeed's launcher through this interpreter: works whether or not the venv's `deepspeed`
+    # script is on PATH (e.g. `.venv/bin/python -m pytest` without activating the venv)
     cmd = [
-        "deepspeed",
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
         "--num_gpus",
         str(cfg.nproc),
         "--master_port",
