@@ -1,11 +1,15 @@
 """Regenerate the README's results section from measured JSON (never typed by hand).
-Usage: python scripts/results_table.py RUN_DIR [RUN_DIR ...] [--bench DIR] [--readme README.md]
-Reads RUN_DIR/summary.json (data, training budget) and RUN_DIR/eval/*/results.json."""
+Usage: python scripts/results_table.py [RUN_DIR ...] [--bench DIR] [--archive results]
+                                       [--readme README.md]
+Copies each RUN_DIR's summary.json (data, training budget), training curve, eval/*/results.json
+and eval plots, and the bench folder's results, into the archive (`results/`, committed: run
+folders live on machines that are wiped), then writes the README section from the archive."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 STAGES = ("prepare", "collect", "train", "eval")
@@ -47,23 +51,43 @@ def run_rows(run: Path) -> tuple[list[str], list[str]]:
     return budget, rows
 
 
+def archive(src: Path, dest: Path, patterns: tuple[str, ...]) -> None:
+    """Copy the files matching `patterns` below `src` to the same places below `dest`."""
+    for pattern in patterns:
+        for path in src.glob(pattern):
+            target = dest / path.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("runs", nargs="+")
-    p.add_argument("--bench", default="runs/bench")
+    p.add_argument("runs", nargs="*")
+    p.add_argument("--bench", default=None, help="a bench folder (data/, train/) to archive")
+    p.add_argument("--archive", default="results")
     p.add_argument("--readme", default="README.md")
     args = p.parse_args()
+    store = Path(args.archive)
+    for run in map(Path, args.runs):
+        archive(
+            run,
+            store / "runs" / run.name,
+            ("summary.json", "train/training.png", "eval/*/results.json", "eval/*/*.png"),
+        )
+    if args.bench:
+        archive(Path(args.bench), store / "bench", ("*/results.json", "*/results.md"))
     budgets, rows = [], []
-    for run in args.runs:
-        b, r = run_rows(Path(run))
+    for run in sorted((store / "runs").glob("*")):
+        b, r = run_rows(run)
         budgets += b
         rows += r
     lines = [
         BEGIN,
         "",
-        "Measured on this 2-core CPU (no GPU); every number below is read from the",
-        "run's JSON by `scripts/results_table.py`. Speedups are ratios measured interleaved in",
-        "one process; max_new_tokens 128 unless the run says otherwise.",
+        "Measured on this 2-core CPU (no GPU); every number below is read by",
+        "`scripts/results_table.py` from the runs' JSON, archived with their plots in `results/`.",
+        "Speedups are ratios measured interleaved in one process; max_new_tokens 128 unless the",
+        "run says otherwise.",
         "",
         "| run | head | benchmark | T | dtype | tree | prompts | tau | acceptance by depth | "
         "spec tok/s | vs vanilla | vs prompt lookup | greedy mismatches |",
@@ -78,7 +102,7 @@ def main() -> None:
         *budgets,
         "",
     ]
-    bench = Path(args.bench)
+    bench = store / "bench"
     for name, title in (
         ("data", "Data pipeline (`scripts/bench_data.py`)"),
         ("train", "Head training (`scripts/bench_train.py`)"),
