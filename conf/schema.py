@@ -33,8 +33,10 @@ class RegenConfig:
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
-    # "padded": transformers generate() over length-sorted, left-padded batches; "continuous":
-    # transformers generate_batch() (continuous batching: a finished row's slot is refilled at once)
+    # "padded": length-sorted, left-padded batches; a row leaves the batch and its KV cache at
+    # EOS. "generate": transformers generate() on the same batches (finished rows keep stepping
+    # until the longest answer ends). "continuous": transformers generate_batch() (continuous
+    # batching: a finished row's slot is refilled at once)
     engine: str = "padded"
     # rows generated together; SmolLM2 on 2 CPU cores: batch 32 gives ~5x the tokens/s of batch 1
     # (scripts/bench_data.py)

@@ -1,9 +1,10 @@
 """Data-pipeline throughput on the real target, measured side by side in one process:
   1. collection (forward + hooks + target top-1 + shard tensors) vs the plain target forward on
      the same length-bucketed batches (goal: ratio >= 0.9);
-  2. regeneration tokens/s, batched (--regen-batch prompts per generate call) vs batch size 1
-     on the same prompts (goal: >= 4x), and transformers' continuous batching (engine=continuous)
-     with as many rows in flight, all with the attention backend prepare generates with.
+  2. regeneration tokens/s, batched (--regen-batch prompts per batch; finished rows leave it) vs
+     batch size 1 on the same prompts (goal: >= 4x), against transformers' `generate` on the same
+     batches (engine=generate) and its continuous batching (engine=continuous) with as many rows
+     in flight, all with the attention backend prepare generates with.
 Writes JSON + a markdown table. Usage:
   python scripts/bench_data.py [--target smollm2-135m-instruct] [--dtype bfloat16] [--rows 48]
                                [--regen-batch 32] [--regen-tokens 256]
@@ -112,12 +113,15 @@ def main() -> None:
             "regen_attn_implementation": RegenConfig.attn_implementation,
             "regen_tokens_per_second_batched": regen["padded", batched],
             "regen_tokens_per_second_batch1": regen["padded", 1],
+            "regen_tokens_per_second_hf_generate": regen["generate", batched],
             "regen_tokens_per_second_continuous": regen["continuous", batched],
             "regen_batched_vs_single": regen["padded", batched] / regen["padded", 1],
         }
         table += (
             f"| regeneration, batch {batched} (tok/s) | {regen['padded', batched]:.1f} |\n"
             f"| regeneration, batch 1 (tok/s) | {regen['padded', 1]:.1f} |\n"
+            f"| regeneration, transformers generate(), batch {batched} (tok/s) | "
+            f"{regen['generate', batched]:.1f} |\n"
             f"| regeneration, continuous batching, {batched} in flight (tok/s) | "
             f"{regen['continuous', batched]:.1f} |\n"
             f"| regeneration batched / single | {results['regen_batched_vs_single']:.2f}x |\n"
@@ -130,8 +134,8 @@ def main() -> None:
 
 
 def bench_regen(target, tokenizer, renderer, conversations, args) -> tuple[dict, int]:
-    """Regeneration tokens/s for padded batches of --regen-batch, batch 1 and continuous
-    batching, on the same first user turns."""
+    """Regeneration tokens/s for padded batches of --regen-batch, batch 1, transformers'
+    generate() and continuous batching, on the same first user turns."""
     cfg = RegenConfig(max_new_tokens=args.regen_tokens, max_prompt_len=512)
     target.set_attn_implementation(cfg.attn_implementation)  # as prepare loads it to generate
     regen = {}
@@ -142,7 +146,8 @@ def bench_regen(target, tokenizer, renderer, conversations, args) -> tuple[dict,
         if any(t.role == "user" for t in c.turns)
     ][: args.regen_batch]
     batched = len(sample)
-    for engine, size in (("padded", batched), ("padded", 1), ("continuous", batched)):
+    runs = (("padded", batched), ("padded", 1), ("generate", batched), ("continuous", batched))
+    for engine, size in runs:
         cfg.engine, cfg.batch_size = engine, size
         t0 = time.perf_counter()
         _, produced = regenerate_chunk(target, tokenizer, renderer, sample, cfg, [])

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from draftsmith.config import compose
 from draftsmith.conversations import Conversation, Turn
@@ -137,22 +138,59 @@ def test_prepare_with_regeneration_resumes(tmp_path: Path, monkeypatch) -> None:
     assert len(list((out / "regen/train").glob("chunk_*.jsonl"))) == 8
 
 
-def test_continuous_batching_matches_padded_generation(tiny_target, tiny_tokenizer) -> None:
-    """Both regeneration engines give the target's own greedy answers, prompt for prompt."""
+def test_regeneration_engines_give_the_targets_greedy_answers(tiny_target, tiny_tokenizer) -> None:
+    """Every regeneration engine gives the target's own greedy answers, prompt for prompt, also
+    when rows end at EOS at different steps (the padded engine then drops them from the batch)."""
+    from types import SimpleNamespace
+
     from draftsmith.conf.schema import RegenConfig
     from draftsmith.train.regenerate import generate_answers
 
     prompts = [list(range(5, 5 + n)) for n in (3, 17, 9, 30, 1)]
-    answers = {
-        engine: generate_answers(
-            tiny_target,
-            tiny_tokenizer,
-            prompts,
-            RegenConfig(max_new_tokens=12, engine=engine, batch_size=2),
-        )
-        for engine in ("padded", "continuous")
-    }
-    assert answers["padded"] == answers["continuous"]
-    assert all(len(a) == 12 for a in answers["padded"])  # no EOS from a random model
+
+    def answers(tokenizer) -> dict[str, list]:
+        return {
+            engine: generate_answers(
+                tiny_target,
+                tokenizer,
+                prompts,
+                RegenConfig(max_new_tokens=12, engine=engine, batch_size=len(prompts)),
+            )
+            for engine in ("padded", "generate", "continuous")
+        }
+
+    full = answers(tiny_tokenizer)
+    assert full["padded"] == full["generate"] == full["continuous"]
+    assert all(len(a) == 12 for a in full["padded"])  # no EOS from a random model
+    # a token the random model emits mid-answer acts as EOS: answers end at different steps
+    counts: dict[int, int] = {}
+    for answer in full["padded"]:
+        for t in set(answer[1:-1]):
+            counts[t] = counts.get(t, 0) + 1
+    eos = max(counts, key=counts.get)
+    cut = answers(SimpleNamespace(eos_token_id=eos, pad_token_id=tiny_tokenizer.pad_token_id))
+    expected = [a[: a.index(eos)] if eos in a else a for a in full["padded"]]
+    assert cut["padded"] == cut["generate"] == expected
+    assert len({len(a) for a in expected}) > 1
     with pytest.raises(ValueError, match="data.regen.engine"):
         generate_answers(tiny_target, tiny_tokenizer, prompts, RegenConfig(engine="vllm"))
+
+
+def test_sampled_regeneration(tiny_target, tiny_tokenizer) -> None:
+    """Sampling goes through temperature and top-p: a top-p that keeps one token is greedy, a
+    full one at temperature 1 leaves the greedy path."""
+    from draftsmith.conf.schema import RegenConfig
+    from draftsmith.train.regenerate import generate_answers
+
+    prompts = [list(range(5, 5 + n)) for n in (3, 17, 9)]
+
+    def run(**sampling) -> list:
+        cfg = RegenConfig(max_new_tokens=10, batch_size=3, **sampling)
+        return generate_answers(tiny_target, tiny_tokenizer, prompts, cfg)
+
+    greedy = run()
+    torch.manual_seed(0)
+    assert run(temperature=1.0, top_p=1e-6) == greedy
+    torch.manual_seed(0)
+    sampled = run(temperature=1.0, top_p=1.0)
+    assert sampled != greedy and all(len(a) == 10 for a in sampled)

@@ -1,8 +1,8 @@
 """Self-distillation: the target answers every user turn itself.
 
 Multi-turn aware (turn j is answered with the target's own earlier answers in context), batched
-(left-padded `generate` over length-sorted prompts, or transformers' continuous batching), greedy
-or sampled, stopping at EOS. Work is written
+(length-sorted, left-padded batches that drop rows as they end; or transformers' `generate` /
+continuous batching), greedy or sampled, stopping at EOS. Work is written
 in chunks of rows (`chunk_00000_<digest>.jsonl`, atomically); a rerun skips finished chunks. The
 digest covers the chunk's conversation ids, the target and the generation settings, so a rerun
 with other data (limit, seed, chunk_rows) or settings regenerates instead of reusing stale answers.
@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import DynamicCache
+from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 from draftsmith.conf.schema import RegenConfig
 from draftsmith.conversations import Conversation, Turn
@@ -38,18 +40,71 @@ def _sampling(tokenizer, cfg: RegenConfig) -> dict:
     return kwargs
 
 
-def _generate_padded(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list[list]:
-    """transformers `generate` over one left-padded batch (every row runs until the last ends)."""
+def _left_padded(target, tokenizer, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), both [B, W]: prompts right-aligned so every row's next token is
+    at the same column."""
     device = next(target.parameters()).device
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
-    attention = torch.tensor(
-        [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device
-    )
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, mask
+
+
+def _generate_hf(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list[list]:
+    """transformers `generate` over one left-padded batch (every row runs until the last ends)."""
+    ids, mask = _left_padded(target, tokenizer, prompts)
     with torch.no_grad():
-        out = target.generate(input_ids=ids, attention_mask=attention, **_sampling(tokenizer, cfg))
-    return out[:, width:].tolist()
+        out = target.generate(input_ids=ids, attention_mask=mask, **_sampling(tokenizer, cfg))
+    return out[:, ids.shape[1] :].tolist()
+
+
+@torch.no_grad()
+def _generate_dropping(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list:
+    """Decode one left-padded batch, dropping each row from the batch and its KV cache as soon
+    as it emits EOS. `generate` keeps stepping finished rows until the longest answer ends; on
+    ShareGPT first turns most answers end long before max_new_tokens, so most of its batch
+    steps were spent on rows that had already finished."""
+    ids, mask = _left_padded(target, tokenizer, prompts)  # [B, W]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, W]: left pads do not shift positions
+    warp = LogitsProcessorList()
+    if cfg.temperature > 0:
+        warp += [TemperatureLogitsWarper(cfg.temperature), TopPLogitsWarper(cfg.top_p)]
+    cache = DynamicCache(config=target.config)
+    rows = torch.arange(len(prompts), device=ids.device)  # [b] prompt index of each live row
+    answers: list[list[int]] = [[] for _ in prompts]
+    step_ids, step_pos = ids, positions
+    for _ in range(cfg.max_new_tokens):
+        logits = (
+            target(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=step_pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            .logits[:, -1]
+            .float()
+        )  # [b, V]
+        if cfg.temperature > 0:
+            probs = warp(step_ids, logits).softmax(-1)  # [b, V]
+            token = torch.multinomial(probs, 1).squeeze(1)  # [b]
+        else:
+            token = logits.argmax(-1)  # [b]
+        for row, t in zip(rows.tolist(), token.tolist()):
+            answers[row].append(t)
+        live = token != tokenizer.eos_token_id  # [b]
+        if not live.all():
+            keep = live.nonzero().squeeze(1)  # [b']
+            if keep.numel() == 0:
+                break
+            cache.batch_select_indices(keep)
+            rows, mask, token = rows[keep], mask[keep], token[keep]
+            step_pos = step_pos[keep]
+        mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)  # [b, W + step]
+        step_ids, step_pos = token[:, None], step_pos[:, -1:] + 1  # [b, 1]
+    return answers
 
 
 def _generate_continuous(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list:
@@ -78,16 +133,18 @@ def _generate_continuous(target, tokenizer, prompts: list[list[int]], cfg: Regen
 
 def generate_answers(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list[list]:
     """New tokens for every prompt, cut before EOS."""
+    batched = {"padded": _generate_dropping, "generate": _generate_hf}
     if cfg.engine == "continuous":
         rows = _generate_continuous(target, tokenizer, prompts, cfg)
-    elif cfg.engine == "padded":
+    elif cfg.engine in batched:
         rows = []
         for start in range(0, len(prompts), cfg.batch_size):
-            rows += _generate_padded(
-                target, tokenizer, prompts[start : start + cfg.batch_size], cfg
-            )
+            chunk = prompts[start : start + cfg.batch_size]
+            rows += batched[cfg.engine](target, tokenizer, chunk, cfg)
     else:
-        raise ValueError(f"data.regen.engine={cfg.engine!r}: expected 'padded' or 'continuous'")
+        raise ValueError(
+            f"data.regen.engine={cfg.engine!r}: expected 'padded', 'generate' or 'continuous'"
+        )
     eos = tokenizer.eos_token_id
     return [row[: row.index(eos)] if eos in row else row for row in rows]
 
