@@ -130,6 +130,10 @@ class TrainConfig:
     eval_rows: int | None = 256
     # end this invocation after N steps without finishing (time-boxed jobs; resume=true goes on)
     stop_after: int | None = None
+    # start from a trained head's weights and draft vocabulary (a head folder: another run's
+    # train/head, or a foreign head `load_head` imports) instead of a random init; its shapes
+    # must match `head`. The optimizer and lr schedule start fresh (resume=true continues a run)
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         _check(self.source, ("offline", "online"), "train.source")

@@ -84,6 +84,36 @@ def test_resume_continues_the_loss_curve_exactly(run_overrides) -> None:
     assert [cut[s] for s in range(1, 9)] == [full[s] for s in range(1, 9)]
 
 
+def test_init_from_starts_at_the_given_head(run_overrides) -> None:
+    """train.init_from loads a trained head (weights and draft vocabulary); at lr 0 it comes out
+    unchanged, and a head of another shape is refused by name."""
+    common = [*run_overrides, "inputs_from=t", "train.save_every=1000", "train.log_every=1"]
+    loop.run(compose([*common, "run_name=src", "train.max_steps=3"]))
+    src = Path(runs_dir(run_overrides)) / "src" / "train" / "head"
+    loop.run(
+        compose(
+            [*common, "run_name=ft", "train.max_steps=1", "train.lr=0", f"train.init_from={src}"]
+        )
+    )
+    before = load_file(str(src / "model.safetensors"))
+    after = load_file(str(src.parent.parent.parent / "ft" / "train" / "head" / "model.safetensors"))
+    assert before.keys() == after.keys()
+    for key in before:
+        assert torch.equal(before[key], after[key]), key
+    with pytest.raises(ValueError, match="train.init_from=.*does not fit"):
+        loop.run(
+            compose(
+                [
+                    *common,
+                    "run_name=bad",
+                    "train.max_steps=1",
+                    f"train.init_from={src}",
+                    "head.draft_vocab_size=64",
+                ]
+            )
+        )
+
+
 def _clean_env() -> dict[str, str]:
     drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
     return {k: v for k, v in os.environ.items() if k not in drop}

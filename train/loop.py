@@ -23,7 +23,14 @@ import torch
 from tqdm import tqdm
 
 from draftsmith.conf.schema import Config
-from draftsmith.heads import DraftHead, HeadBatch, TargetInfo, TargetParts, build_head
+from draftsmith.heads import (
+    DraftHead,
+    HeadBatch,
+    TargetInfo,
+    TargetParts,
+    build_head,
+    load_head,
+)
 from draftsmith.heads.base import simulated_tau
 from draftsmith.heads.vocab import count_tokens
 from draftsmith.target import load_target, target_name
@@ -86,7 +93,8 @@ def setup(cfg: Config, rank: int):
     """Target, head (vocab mapping included), train and held-out row sources."""
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    online = cfg.train.source == "online"
+    t = cfg.train
+    online = t.source == "online"
     target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
     info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
     head = build_head(cfg.head, info).bind(TargetParts.from_model(target))
@@ -94,7 +102,15 @@ def setup(cfg: Config, rank: int):
     import datasets
 
     prepared = Path(cfg.input_dir("prepare")) / "dataset"
-    if hasattr(head, "set_vocab"):
+    if t.init_from:
+        start = load_head(t.init_from, info)
+        try:  # strict: every tensor of `head` must come from the start head, shapes included
+            head.load_state_dict(start.state_dict())
+        except RuntimeError as err:
+            raise ValueError(
+                f"train.init_from={t.init_from}: does not fit head {head.name}: {err}"
+            ) from None
+    elif hasattr(head, "set_vocab"):
         if not prepared.exists():
             raise FileNotFoundError(f"{prepared}: the draft vocabulary is built from prepared data")
         train_rows = datasets.load_from_disk(str(prepared))["train"]
