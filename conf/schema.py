@@ -38,8 +38,8 @@ class RegenConfig:
     # until the longest answer ends). "continuous": transformers generate_batch() (continuous
     # batching: a finished row's slot is refilled at once)
     engine: str = "padded"
-    # rows generated together; SmolLM2 on 2 CPU cores: batch 32 gives ~5x the tokens/s of batch 1
-    # (scripts/bench_data.py)
+    # rows generated together; SmolLM2 on 2 CPU cores: batch 32 gives 4.6x the tokens/s of
+    # batch 1 (scripts/bench_data.py, 256 new tokens)
     batch_size: int = 32
     # continuous engine: most tokens in one forward (prompts are prefilled in chunks of this)
     max_batch_tokens: int = 512

@@ -42,10 +42,12 @@ def run_rows(run: Path) -> tuple[list[str], list[str]]:
         mism = f"{r['mismatch']['prompts']}/{r['prompts']}" if r["mismatch"]["checked"] else "-"
         tree = f"{t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']}"
         speed = {k: f"{s[k]:.2f}x" if k in s else "-" for k in ("vs_vanilla", "vs_lookup")}
+        # tau-only evals (no baselines) may share the cores with other jobs: no speed reported
+        tok_s = f"{r['tokens_per_second']['speculative']:.1f}" if s else "-"
         rows.append(
             f"| {run.name} | {r['head']['name']} | {e['benchmark']} | {e['temperature']} | "
             f"{r['machine']['dtype']} | {tree} | {r['prompts']} | **{r['tau']:.2f}** | {depth} | "
-            f"{r['tokens_per_second']['speculative']:.1f} | {speed['vs_vanilla']} | "
+            f"{tok_s} | {speed['vs_vanilla']} | "
             f"{speed['vs_lookup']} | {mism} |"
         )
     return budget, rows
@@ -87,7 +89,8 @@ def main() -> None:
         "Measured on this 2-core CPU (no GPU); every number below is read by",
         "`scripts/results_table.py` from the runs' JSON, archived with their plots in `results/`.",
         "Speedups are ratios measured interleaved in one process; max_new_tokens 128 unless the",
-        "run says otherwise.",
+        "run says otherwise. Rows without baselines measured tau only (they may have shared the",
+        "cores with other jobs, so they report no speed).",
         "",
         "| run | head | benchmark | T | dtype | tree | prompts | tau | acceptance by depth | "
         "spec tok/s | vs vanilla | vs prompt lookup | greedy mismatches |",
