@@ -60,7 +60,8 @@ def run_stage(stage: str, overrides: list[str]) -> None:
     def app(dict_cfg) -> None:
         fn(to_typed(dict_cfg))
 
-    sys.argv = [f"draftsmith {stage}", *overrides, f"stage={stage}"]
+    # stage= first: argparse takes positionals only before options such as `--cfg job`
+    sys.argv = [f"draftsmith {stage}", f"stage={stage}", *overrides]
     app()
 
 

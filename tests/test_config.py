@@ -46,3 +46,20 @@ def test_unknown_nested_key_fails() -> None:
 def test_bad_enum_fails(override: str) -> None:
     with pytest.raises(Exception, match=override.split("=")[1]):
         compose([override])
+
+
+def test_recipe_heads_share_data_and_budget() -> None:
+    """The four SmolLM2 head experiments train on one collection with one training budget."""
+    cfgs = [compose([f"experiment=smollm2_{h}"]) for h in ("eagle3", "eagle1", "medusa", "hydra")]
+    assert [c.head.name for c in cfgs] == ["eagle3", "eagle1", "medusa", "hydra"]
+    assert {c.input_dir("collect") for c in cfgs} == {"runs/smollm2_eagle3/collect"}
+    assert all(c.data == cfgs[0].data and c.train == cfgs[0].train for c in cfgs)
+
+
+def test_cli_prints_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    """`draftsmith <stage> <overrides> --cfg job` prints the composed config and runs nothing."""
+    from draftsmith.cli import main
+
+    main(["train", "experiment=smollm2_medusa", "--cfg", "job"])
+    out = capsys.readouterr().out
+    assert "inputs_from: smollm2_eagle3" in out and "name: medusa" in out
