@@ -2,7 +2,9 @@
 output is already complete (so a killed run is continued by running the same command again).
 
 Stages run in this process with the same typed config; a summary table of what each stage
-produced and how long it took is printed and written to runs/<run>/summary.{md,json}.
+produced and how long it took is printed and written to runs/<run>/summary.{md,json}. With
+`inputs_from=<run>` the prepare and collect stages belong to that run: they are found (or made)
+there, so heads of several runs train on one collection.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ def _done(cfg: Config, stage: str) -> bool:
     return Path(cfg.export.out or f"{cfg.stage_dir('export')}/{cfg.export.format}").exists()
 
 
+def _stage_config(cfg: Config, stage: str) -> Config:
+    stage_cfg = dataclasses.replace(cfg, stage=stage)
+    if stage in ("prepare", "collect") and cfg.inputs_from:
+        # shared inputs live in the run they are read from (Config.input_dir)
+        stage_cfg = dataclasses.replace(stage_cfg, run_name=cfg.inputs_from, inputs_from=None)
+    return stage_cfg
+
+
 def run(cfg: Config) -> dict:
     from draftsmith import export
     from draftsmith.inference import eval as evaluate
@@ -46,10 +56,10 @@ def run(cfg: Config) -> dict:
         stages.pop("collect")
     rows = []
     for name, fn in stages.items():
-        if _done(cfg, name):
+        stage_cfg = _stage_config(cfg, name)
+        if _done(stage_cfg, name):
             rows.append({"stage": name, "status": "already complete", "seconds": 0.0})
             continue
-        stage_cfg = dataclasses.replace(cfg, stage=name)
         if name == "train" and Path(cfg.stage_dir("train"), "checkpoints", "latest").exists():
             stage_cfg = dataclasses.replace(stage_cfg, resume=True)  # continue a killed run
         t0 = time.perf_counter()
@@ -68,7 +78,7 @@ def _results(cfg: Config) -> dict:
 
     found: dict = {}
     paths = {
-        "data": Path(cfg.stage_dir("prepare"), "stats.json"),
+        "data": Path(cfg.input_dir("prepare"), "stats.json"),
         "train": Path(cfg.stage_dir("train"), "summary.json"),
         "eval": Path(cfg.stage_dir("eval"), eval_tag(cfg), "results.json"),
     }

@@ -19,8 +19,10 @@ from draftsmith.target import load_target
 from draftsmith.train.data import ShardRows, collate
 
 HEADS = {
+    "eagle1": {"name": "eagle1"},
     "eagle3": {"name": "eagle3", "draft_vocab_size": 4096, "ttt_steps": 5},
     "medusa": {"name": "medusa", "num_heads": 4},
+    "hydra": {"name": "hydra", "num_heads": 4},
 }
 
 

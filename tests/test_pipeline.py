@@ -56,6 +56,15 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     again = run(compose(overrides))
     assert [r["status"] for r in again["stages"]] == ["already complete"] * 5
 
+    # another head on the same prepared data and features: nothing is prepared or collected again
+    medusa = [o for o in overrides if o.split("=")[0] not in ("head.draft_vocab_size", "export")]
+    medusa += ["run_name=tiny_medusa", "inputs_from=tiny", "head=medusa", "tree.depth=4"]
+    medusa += ["export=medusa"]  # sglang serves EAGLE heads only
+    other = run(compose(medusa))
+    assert [r["status"] for r in other["stages"]] == ["already complete"] * 2 + ["done"] * 3
+    assert not (tmp_path / "runs" / "tiny_medusa" / "prepare").exists()
+    assert other["data"] == summary["data"] and other["eval"]["mismatch"]["prompts"] == 0
+
 
 def test_summary_prints_only_what_was_measured() -> None:
     """An eval without baselines (the quick preset) reports tau, no speedup or mismatch count."""
