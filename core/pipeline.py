@@ -2,7 +2,8 @@
 output is already complete (so a killed run is continued by running the same command again).
 
 Stages run in this process with the same typed config; a summary table of what each stage
-produced and how long it took is printed and written to runs/<run>/summary.{md,json}. With
+produced and how long it took (also when an earlier invocation ran it: each run keeps
+stage_seconds.json) is printed and written to runs/<run>/summary.{md,json}. With
 `inputs_from=<run>` the prepare and collect stages belong to that run: they are found (or made)
 there, so heads of several runs train on one collection.
 """
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from draftsmith.conf.schema import Config
+from draftsmith.files import write_text_atomic
 
 
 def _done(cfg: Config, stage: str) -> bool:
@@ -58,19 +60,43 @@ def run(cfg: Config) -> dict:
     for name, fn in stages.items():
         stage_cfg = _stage_config(cfg, name)
         if _done(stage_cfg, name):
-            rows.append({"stage": name, "status": "already complete", "seconds": 0.0})
+            # the minutes it took when it ran (None: made before timings were kept)
+            seconds = _timings(stage_cfg).get(_timing_key(stage_cfg, name))
+            rows.append({"stage": name, "status": "already complete", "seconds": seconds})
             continue
         if name == "train" and Path(cfg.stage_dir("train"), "checkpoints", "latest").exists():
             stage_cfg = dataclasses.replace(stage_cfg, resume=True)  # continue a killed run
         t0 = time.perf_counter()
         fn(stage_cfg)
-        rows.append({"stage": name, "status": "done", "seconds": time.perf_counter() - t0})
+        seconds = time.perf_counter() - t0
+        # kept per run as each stage ends, so a later invocation still reports it
+        timings = _timings(stage_cfg) | {_timing_key(stage_cfg, name): seconds}
+        write_text_atomic(_timings_path(stage_cfg), json.dumps(timings, indent=2))
+        rows.append({"stage": name, "status": "done", "seconds": seconds})
     summary = {"run": cfg.run_name, "stages": rows, **_results(cfg)}
     out = Path(cfg.runs_dir, cfg.run_name)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(_markdown(summary))
     print(_markdown(summary))
     return summary
+
+
+def _timings_path(cfg: Config) -> Path:
+    return Path(cfg.runs_dir, cfg.run_name, "stage_seconds.json")
+
+
+def _timing_key(cfg: Config, stage: str) -> str:
+    """One entry per output: evals with other settings and exports to other formats differ."""
+    if stage == "eval":
+        from draftsmith.inference.eval import eval_tag
+
+        return f"eval/{Path(eval_tag(cfg)).name}"
+    return f"export/{cfg.export.format}" if stage == "export" else stage
+
+
+def _timings(cfg: Config) -> dict[str, float]:
+    path = _timings_path(cfg)
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _results(cfg: Config) -> dict:
@@ -88,6 +114,10 @@ def _results(cfg: Config) -> dict:
     return found
 
 
+def _minutes(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.1f}"
+
+
 def _markdown(summary: dict) -> str:
     lines = [
         f"## draftsmith run `{summary['run']}`",
@@ -96,7 +126,7 @@ def _markdown(summary: dict) -> str:
         "|---|---|---:|",
     ]
     lines += [
-        f"| {r['stage']} | {r['status']} | {r['seconds'] / 60:.1f} |" for r in summary["stages"]
+        f"| {r['stage']} | {r['status']} | {_minutes(r['seconds'])} |" for r in summary["stages"]
     ]
     if "data" in summary:
         d = summary["data"]

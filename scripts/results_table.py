@@ -22,9 +22,10 @@ def run_rows(run: Path) -> tuple[list[str], list[str]]:
     )
     budget = []
     if summary:
-        # a stage skipped because its output was complete ran in an earlier invocation
+        # a stage skipped because its output was complete ran in an earlier invocation, whose
+        # time is reported when it was kept (older summaries: 0 or None, shown as "reused")
         minutes = {
-            r["stage"]: f"{r['seconds'] / 60:.0f}" if r["status"] == "done" else "reused"
+            r["stage"]: f"{r['seconds'] / 60:.0f}" if r["seconds"] else "reused"
             for r in summary.get("stages", [])
         }
         data = summary.get("data", {})

@@ -55,6 +55,7 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     assert list((out / "train").glob("wandb/offline-run-*/*.wandb"))
     again = run(compose(overrides))
     assert [r["status"] for r in again["stages"]] == ["already complete"] * 5
+    assert [r["seconds"] for r in again["stages"]] == [r["seconds"] for r in summary["stages"]]
 
     # another head on the same prepared data and features: nothing is prepared or collected again
     medusa = [o for o in overrides if o.split("=")[0] not in ("head.draft_vocab_size", "export")]
@@ -63,6 +64,7 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     other = run(compose(medusa))
     assert [r["status"] for r in other["stages"]] == ["already complete"] * 2 + ["done"] * 3
     assert not (tmp_path / "runs" / "tiny_medusa" / "prepare").exists()
+    assert other["stages"][1]["seconds"] == summary["stages"][1]["seconds"]  # tiny's collection
     assert other["data"] == summary["data"] and other["eval"]["mismatch"]["prompts"] == 0
 
 
