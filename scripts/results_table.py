@@ -16,7 +16,7 @@ STAGES = ("prepare", "collect", "train", "eval")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
-def run_rows(run: Path) -> tuple[list[str], list[str]]:
+def run_rows(run: Path) -> tuple[list[str], list[str], list[tuple[str, float]]]:
     summary = (
         json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     )
@@ -25,7 +25,7 @@ def run_rows(run: Path) -> tuple[list[str], list[str]]:
         # a stage skipped because its output was complete ran in an earlier invocation, whose
         # time is reported when it was kept (older summaries: 0 or None, shown as "reused")
         minutes = {
-            r["stage"]: f"{r['seconds'] / 60:.0f}" if r["seconds"] else "reused"
+            r["stage"]: f"{r['seconds'] / 60:.1f}" if r["seconds"] else "reused"
             for r in summary.get("stages", [])
         }
         data = summary.get("data", {})
@@ -35,7 +35,7 @@ def run_rows(run: Path) -> tuple[list[str], list[str]]:
             + " | ".join(minutes.get(s, "-") for s in STAGES)
             + " |"
         )
-    rows = []
+    rows, taus = [], []
     for path in sorted(run.glob("eval/*/results.json")):
         r = json.loads(path.read_text())
         t, e, s = r["tree"], r["eval"], r["speedup"]
@@ -51,7 +51,25 @@ def run_rows(run: Path) -> tuple[list[str], list[str]]:
             f"{tok_s} | {speed['vs_vanilla']} | "
             f"{speed['vs_lookup']} | {mism} |"
         )
-    return budget, rows
+        taus.append((f"{run.name} {e['benchmark']} T{e['temperature']:g} {tree}", r["tau"]))
+    return budget, rows, taus
+
+
+def plot_taus(taus: list[tuple[str, float]], out: Path) -> None:
+    """One bar per eval: the acceptance lengths side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.3 * len(taus) + 1))
+    ax.barh([label for label, _ in taus][::-1], [tau for _, tau in taus][::-1])
+    ax.axvline(1.0, color="grey", lw=0.8)  # no speculation accepted: 1 token per target forward
+    ax.set_xlabel("measured acceptance length tau (tokens per target forward)")
+    ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
 
 
 def archive(src: Path, dest: Path, patterns: tuple[str, ...]) -> None:
@@ -79,11 +97,14 @@ def main() -> None:
         )
     if args.bench:
         archive(Path(args.bench), store / "bench", ("*/results.json", "*/results.md"))
-    budgets, rows = [], []
+    budgets, rows, taus = [], [], []
     for run in sorted((store / "runs").glob("*")):
-        b, r = run_rows(run)
+        b, r, t = run_rows(run)
         budgets += b
         rows += r
+        taus += t
+    if taus:
+        plot_taus(taus, store / "tau.png")
     lines = [
         BEGIN,
         "",
@@ -97,6 +118,8 @@ def main() -> None:
         "spec tok/s | vs vanilla | vs prompt lookup | greedy mismatches |",
         "|---|---|---|---:|---|---|---:|---:|---|---:|---:|---:|---:|",
         *rows,
+        "",
+        f"![tau of every eval above]({store.name}/tau.png)",
         "",
         "Training budget:",
         "",
