@@ -75,8 +75,8 @@ def run(cfg: Config) -> dict:
         rows.append({"stage": name, "status": "done", "seconds": seconds})
     summary = {"run": cfg.run_name, "stages": rows, **_results(cfg)}
     out = Path(cfg.runs_dir, cfg.run_name)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out / "summary.md").write_text(_markdown(summary))
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2))
+    write_text_atomic(out / "summary.md", _markdown(summary))
     print(_markdown(summary))
     return summary
 
