@@ -85,6 +85,15 @@ def test_static_trees() -> None:
         StaticTree([[0, 1]])
 
 
+def test_default_static_tree_is_wide_at_the_root_and_deep_on_top_1() -> None:
+    """Depth is not free: the root's runner-up draft comes before a third top-1 step, and the
+    top-1 chain still goes deepest (what Medusa's calibrated trees look like)."""
+    choices = topk_choices(depth=5, top_k=4, total_tokens=12)
+    assert choices.index([1]) < choices.index([0, 0, 0])
+    assert [0, 0, 0, 0] in choices and max(map(len, choices)) == 4
+    assert [2] in choices and [0, 1] in choices
+
+
 def test_path_tokens() -> None:
     tree = StaticTree(chain_choices(3)).build(RandomExpander(), 3)
     assert tree.path_tokens(torch.tensor([3])).tolist() == [tree.tokens.tolist()]
