@@ -98,7 +98,11 @@ class MedusaHead(DraftHead):
             states = self.head_states(k, feature[select], path)  # [M, H]
             target_hidden = shifted(batch.hidden, k + 1)[select]  # target state at t+k+1
             loss_sum, correct = distill_selected(
-                states, target_hidden, lambda s, k=k: self.head_logits(k, s), self.parts
+                states,
+                target_hidden,
+                lambda s, k=k: self.head_logits(k, s),
+                self.parts,
+                frozen_logits=not self.config.own_lm_head,
             )
             losses.add(k, loss_sum, correct, count)
         return losses.result()

@@ -105,6 +105,28 @@ def test_golden_loss(name, info, tiny_target, batch) -> None:
     assert loss.item() == pytest.approx(GOLDEN[name], rel=1e-4)
 
 
+def test_frozen_logits_soft_ce_matches_autograd(tiny_target) -> None:
+    """The gradient taken in forward (chunked, through the frozen lm_head) == plain autograd."""
+    from draftsmith.heads.base import distill_selected
+
+    parts = TargetParts.from_model(tiny_target)
+    g = torch.Generator().manual_seed(3)
+    H = tiny_target.config.hidden_size
+    draft = torch.randn(37, H, generator=g, requires_grad=True)  # [M, H]
+    goal = torch.randn(37, H, generator=g)  # [M, H]
+    loss, correct = distill_selected(draft, goal, parts.lm_head, parts, chunk=8)
+    (2.5 * loss).backward()
+    ref_draft = draft.detach().clone().requires_grad_(True)
+    probs = torch.softmax(parts.logits(goal).float(), -1)  # [M, V]
+    logits = parts.lm_head(ref_draft).float()
+    ref = -(probs * torch.log_softmax(logits, -1)).sum()
+    (2.5 * ref).backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert correct.item() == (logits.argmax(-1) == probs.argmax(-1)).sum().item()
+    torch.testing.assert_close(draft.grad, ref_draft.grad, rtol=1e-5, atol=1e-6)
+    assert all(p.grad is None for p in parts.lm_head.parameters())
+
+
 @pytest.mark.parametrize("name", ["eagle1", "eagle3"])
 def test_ttt_steps_equal_chain_drafting(name, info, tiny_target, batch) -> None:
     """Unrolled training step i at anchor t == drafting i tokens ahead from position t."""
