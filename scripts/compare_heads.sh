@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Head comparison on SmolLM2-135M-Instruct: EAGLE-1, EAGLE-3, Medusa and Hydra trained on the same
+# tokens in the same order (the first LIMIT ShareGPT conversations, prepared and collected once by
+# the EAGLE-3 run, read by the others through inputs_from) for the same number of steps, then
+# tau-only evals: MT-bench, held-out ShareGPT and HumanEval at T=0 and T=1 (most wanted first),
+# and static vs dynamic trees for the EAGLE-3 head.
+# Every command is a resumable `draftsmith run`, so rerunning the script continues where it stopped.
+#   bash scripts/compare_heads.sh [RUNS_DIR]     env: STEPS (100), LIMIT (1000), PARALLEL (1)
+# Then: python scripts/results_table.py RUNS_DIR/cmp_* --archive results
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/venv.sh
+source scripts/venv.sh
+runs="$(realpath -m "${1:-runs/compare}")"
+parallel="${PARALLEL:-1}"
+common=(runs_dir="$runs" data.limit="${LIMIT:-1000}" train.max_steps="${STEPS:-100}" 'eval.baselines=[]')
+
+head_run() {  # head_run HEAD [overrides...]: train (if needed) and eval one head
+  local head=$1
+  shift
+  local from=()
+  [ "$head" = eagle3 ] || from=(inputs_from=cmp_eagle3)
+  draftsmith run experiment="smollm2_$head" run_name="cmp_$head" "${from[@]}" "${common[@]}" "$@"
+}
+
+lane() {  # run a command in the background once fewer than PARALLEL are running
+  while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n; done
+  # tau-only evals report no speed, so parallel lanes may share the cores (one thread each)
+  if [ "$parallel" -gt 1 ]; then OMP_NUM_THREADS=1 "$@" & else "$@" & fi
+}
+
+# the EAGLE-3 run prepares and collects the shared data first; the other heads train (slowest
+# first) and all finish before any second eval of a head can start on an unfinished one
+head_run eagle3
+for head in hydra medusa eagle1; do lane head_run "$head"; done
+wait
+evals_for_all() {  # evals_for_all [overrides...]: the same eval for every head
+  for head in eagle1 eagle3 medusa hydra; do lane head_run "$head" "$@"; done
+}
+# the EAGLE-3 head's T=1 goal and the tree-size ablation (static vs dynamic at 12 nodes, dynamic
+# at 16) first, then the other heads at T=1
+lane head_run eagle3 eval.temperature=1.0
+lane head_run eagle3 tree=static
+lane head_run eagle3 tree.total_tokens=16
+evals_for_all eval.temperature=1.0
+evals_for_all eval.benchmark=heldout
+evals_for_all eval.benchmark=humaneval
+evals_for_all eval.benchmark=heldout eval.temperature=1.0
+evals_for_all eval.benchmark=humaneval eval.temperature=1.0
+wait
