@@ -3,10 +3,10 @@
 # tokens in the same order (the first LIMIT ShareGPT conversations, prepared and collected once by
 # the EAGLE-3 run, read by the others through inputs_from) for the same number of steps, then
 # tau-only evals: MT-bench, held-out ShareGPT and HumanEval at T=0 and T=1 (most wanted first),
-# and static vs dynamic trees for the EAGLE-3 head.
+# static vs dynamic trees and TTT-step and draft-vocab ablations of the EAGLE-3 head.
 # Every command is a resumable `draftsmith run`, so rerunning the script continues where it stopped.
 #   bash scripts/compare_heads.sh [RUNS_DIR]     env: STEPS (100), LIMIT (1000), PARALLEL (1)
-# Then: python scripts/results_table.py RUNS_DIR/cmp_* --archive results
+# Then: python scripts/results_table.py RUNS_DIR/cmp_* RUNS_DIR/abl_* --archive results
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/venv.sh
@@ -42,6 +42,18 @@ evals_for_all() {  # evals_for_all [overrides...]: the same eval for every head
 lane head_run eagle3 eval.temperature=1.0
 lane head_run eagle3 tree=static
 lane head_run eagle3 tree.total_tokens=16
+# ablations of the EAGLE-3 head on the same data and steps: TTT steps (cmp_eagle3: 5) and draft
+# vocab size (cmp_eagle3: 4096)
+ablation() {  # ablation NAME [overrides...]: an EAGLE-3 run abl_NAME
+  local name=$1
+  shift
+  lane draftsmith run experiment=smollm2_eagle3 run_name="abl_$name" inputs_from=cmp_eagle3 \
+    "${common[@]}" "$@"
+}
+ablation ttt1 head.ttt_steps=1
+ablation ttt3 head.ttt_steps=3
+ablation vocab1k head.draft_vocab_size=1024
+ablation vocab16k head.draft_vocab_size=16384
 evals_for_all eval.temperature=1.0
 evals_for_all eval.benchmark=heldout
 evals_for_all eval.benchmark=humaneval
