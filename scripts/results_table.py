@@ -16,7 +16,13 @@ STAGES = ("prepare", "collect", "train", "eval")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
-def run_rows(run: Path) -> tuple[list[str], list[str], list[tuple[str, float]]]:
+# one column per benchmark and temperature in the comparison matrix, in this order
+MATRIX = [(b, t) for b in ("mt-bench", "heldout", "humaneval") for t in (0.0, 1.0)]
+
+
+def run_rows(
+    run: Path,
+) -> tuple[list[str], list[str], list[tuple[str, float]], dict[str, dict[tuple, float]]]:
     summary = (
         json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     )
@@ -35,7 +41,7 @@ def run_rows(run: Path) -> tuple[list[str], list[str], list[tuple[str, float]]]:
             + " | ".join(minutes.get(s, "-") for s in STAGES)
             + " |"
         )
-    rows, taus = [], []
+    rows, taus, matrix = [], [], {}
     for path in sorted(run.glob("eval/*/results.json")):
         r = json.loads(path.read_text())
         t, e, s = r["tree"], r["eval"], r["speedup"]
@@ -52,7 +58,9 @@ def run_rows(run: Path) -> tuple[list[str], list[str], list[tuple[str, float]]]:
             f"{speed['vs_lookup']} | {mism} |"
         )
         taus.append((f"{run.name} {e['benchmark']} T{e['temperature']:g} {tree}", r["tau"]))
-    return budget, rows, taus
+        key = f"| {run.name} | {r['head']['name']} | {tree} |"
+        matrix.setdefault(key, {})[(e["benchmark"], float(e["temperature"]))] = r["tau"]
+    return budget, rows, taus, matrix
 
 
 def plot_taus(taus: list[tuple[str, float]], out: Path) -> None:
@@ -97,12 +105,13 @@ def main() -> None:
         )
     if args.bench:
         archive(Path(args.bench), store / "bench", ("*/results.json", "*/results.md"))
-    budgets, rows, taus = [], [], []
+    budgets, rows, taus, matrix = [], [], [], {}
     for run in sorted((store / "runs").glob("*")):
-        b, r, t = run_rows(run)
+        b, r, t, m = run_rows(run)
         budgets += b
         rows += r
         taus += t
+        matrix |= m
     if taus:
         plot_taus(taus, store / "tau.png")
     lines = [
@@ -120,6 +129,15 @@ def main() -> None:
         *rows,
         "",
         f"![tau of every eval above]({store.name}/tau.png)",
+        "",
+        "The same tau by benchmark and temperature, one row per run and tree:",
+        "",
+        "| run | head | tree | " + " | ".join(f"{b} T{t:g}" for b, t in MATRIX) + " |",
+        "|---|---|---|" + "---:|" * len(MATRIX),
+        *(
+            key + "".join(f" {cells[c]:.2f} |" if c in cells else " - |" for c in MATRIX)
+            for key, cells in matrix.items()
+        ),
         "",
         "Training budget:",
         "",
