@@ -105,6 +105,17 @@ def test_golden_loss(name, info, tiny_target, batch) -> None:
     assert loss.item() == pytest.approx(GOLDEN[name], rel=1e-4)
 
 
+def test_top_tokens_in_blocks_match_full_argmax(tiny_target, monkeypatch) -> None:
+    """Blocks of a few rows (as the real vocab gets) give the argmax of the full logits."""
+    from draftsmith.heads import base
+
+    parts = TargetParts.from_model(tiny_target)
+    monkeypatch.setattr(base, "BLOCK_ELEMENTS", 5 * parts.vocab_size)  # 5-row blocks
+    hidden = torch.randn(3, 7, tiny_target.config.hidden_size)  # [B, T, H]
+    expected = parts.logits(hidden).argmax(-1)  # [B, T]
+    assert torch.equal(parts.top_tokens(hidden), expected)
+
+
 def test_frozen_logits_soft_ce_matches_autograd(tiny_target) -> None:
     """The gradient taken in forward (chunked, through the frozen lm_head) == plain autograd."""
     from draftsmith.heads.base import distill_selected
