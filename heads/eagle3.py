@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.heads.autoregressive import AutoregressiveHead
-from draftsmith.heads.base import HeadBatch, HeadConfig, TargetInfo, shifted
+from draftsmith.heads.base import HeadBatch, HeadConfig, TargetInfo, rows_per_block
 from draftsmith.heads.blocks import DraftDecoderLayer, LlamaRMSNorm
 from draftsmith.heads.vocab import build_vocab_mapping
 
@@ -104,12 +104,22 @@ class Eagle3Head(AutoregressiveHead):
                 scratch["probs"] = torch.softmax(F.linear(normed, weight).float(), dim=-1)
                 top = batch.target_top
                 scratch["top"] = self.parts.top_tokens(batch.hidden) if top is None else top
-        top = shifted(scratch["top"], i + 1)  # target's top-1 for the predicted token
-        probs = shifted(scratch["probs"], i + 1)[select]  # [M, Vd]
-        logits = self.draft_logits(hidden_out[select]).float()  # [M, Vd]
+        b, t = select.nonzero(as_tuple=True)  # [M] each: anchors that predict token t+i+1
+        t = t + i + 1  # the predicted token's position (selected anchors have one)
+        top = scratch["top"][b, t]  # [M] target's top-1 for the predicted token
         # as in EAGLE-3: no loss where the target's top token is outside the draft vocab
-        in_vocab = self.t2d[top[select]].float()
-        loss = -((probs * torch.log_softmax(logits, -1)).sum(-1) * in_vocab).sum()
-        with torch.no_grad():
-            correct = (self.to_target_ids(logits.argmax(-1)) == top[select]).sum()
+        in_vocab = self.t2d[top].float()  # [M]
+        hidden = hidden_out[select]  # [M, H]
+        loss, correct = hidden.new_zeros((), dtype=torch.float32), top.new_zeros(())
+        # in row blocks, the target's probabilities gathered per block: [M, Vd] blocks above
+        # 32 MB would be page-faulted in afresh each time (heads.base.rows_per_block)
+        rows = rows_per_block(self.config.draft_vocab_size)
+        for s in range(0, hidden.shape[0], rows):
+            probs = scratch["probs"][b[s : s + rows], t[s : s + rows]]  # [r, Vd]
+            logits = self.draft_logits(hidden[s : s + rows]).float()  # [r, Vd]
+            log_q = torch.log_softmax(logits, -1)
+            loss = loss - ((probs * log_q).sum(-1) * in_vocab[s : s + rows]).sum()
+            with torch.no_grad():
+                agree = self.to_target_ids(logits.argmax(-1)) == top[s : s + rows]
+                correct = correct + agree.sum()
         return loss, correct

@@ -1,6 +1,7 @@
 """Head-training throughput on collected shards and its FLOP utilisation, in one process:
 achieved FLOP/s of the training step (counted from the head's matmuls) divided by this machine's
-dense matmul FLOP/s measured in the same run and dtype. Usage:
+dense matmul FLOP/s measured in the same run and dtype, and the share of CPU time spent in the
+kernel (page faults of freshly mapped memory show up there). Usage:
   python scripts/bench_train.py --collect runs/smollm2_eagle3/collect [--dtype bfloat16]
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 from pathlib import Path
 
@@ -44,6 +46,7 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--heads", nargs="+", default=list(HEADS), choices=list(HEADS))
     p.add_argument("--out", default="runs/bench/train")
     args = p.parse_args()
     target = load_target(args.target, args.dtype)
@@ -54,7 +57,8 @@ def main() -> None:
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
     peak = matmul_flops(torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
     results = {"dtype": args.dtype, "tokens_per_batch": tokens, "matmul_flops_per_second": peak}
-    for name, config in HEADS.items():
+    for name in args.heads:
+        config = HEADS[name]
         torch.manual_seed(0)
         head = build_head(dict(config), info).bind(TargetParts.from_model(target))
         optimizer = torch.optim.AdamW(head.parameters(), lr=1e-4)
@@ -69,11 +73,14 @@ def main() -> None:
         with FlopCounterMode(display=False) as counter:
             step()
         flops = counter.get_total_flops()
-        t0 = time.perf_counter()
+        t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         for _ in range(args.steps):
             step()
         seconds = (time.perf_counter() - t0) / args.steps
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        user, kernel = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
         results[name] = {
+            "kernel_share": kernel / (user + kernel),
             "tokens_per_second": tokens / seconds,
             "step_flops": flops,
             "achieved_flops_per_second": flops / seconds,
@@ -83,14 +90,16 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    table = "| head | tokens/s | achieved GFLOP/s | matmul peak GFLOP/s | utilisation |\n"
-    table += "|---|---:|---:|---:|---:|\n"
-    for name in HEADS:
+    table = (
+        "| head | tokens/s | achieved GFLOP/s | matmul peak GFLOP/s | utilisation | kernel time |\n"
+    )
+    table += "|---|---:|---:|---:|---:|---:|\n"
+    for name in args.heads:
         r = results[name]
         achieved = r["achieved_flops_per_second"] / 1e9
         table += (
             f"| {name} | {r['tokens_per_second']:.0f} | {achieved:.0f}"
-            f" | {peak / 1e9:.0f} | {r['utilisation']:.2f} |\n"
+            f" | {peak / 1e9:.0f} | {r['utilisation']:.2f} | {r['kernel_share']:.0%} |\n"
         )
     (out / "results.md").write_text(table)
     print(table)
