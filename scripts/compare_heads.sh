@@ -29,31 +29,30 @@ lane() {  # run a command in the background once fewer than PARALLEL are running
   if [ "$parallel" -gt 1 ]; then OMP_NUM_THREADS=1 "$@" & else "$@" & fi
 }
 
-# the EAGLE-3 run prepares and collects the shared data first; the other heads train (slowest
-# first) and all finish before any second eval of a head can start on an unfinished one
-head_run eagle3
-for head in hydra medusa eagle1; do lane head_run "$head"; done
-wait
 evals_for_all() {  # evals_for_all [overrides...]: the same eval for every head
   for head in eagle1 eagle3 medusa hydra; do lane head_run "$head" "$@"; done
 }
-# the EAGLE-3 head's T=1 goal and the tree-size ablation (static vs dynamic at 12 nodes, dynamic
-# at 16) first, then the other heads at T=1
-lane head_run eagle3 eval.temperature=1.0
-lane head_run eagle3 tree=static
-lane head_run eagle3 tree.total_tokens=16
-# ablations of the EAGLE-3 head on the same data and steps: TTT steps (cmp_eagle3: 5) and draft
-# vocab size (cmp_eagle3: 4096)
-ablation() {  # ablation NAME [overrides...]: an EAGLE-3 run abl_NAME
+ablation() {  # ablation NAME [overrides...]: an EAGLE-3 run abl_NAME on the same data
   local name=$1
   shift
   lane draftsmith run experiment=smollm2_eagle3 run_name="abl_$name" inputs_from=cmp_eagle3 \
     "${common[@]}" "$@"
 }
+
+# the EAGLE-3 run prepares and collects the shared data first; then the other heads train
+# (slowest first) next to the EAGLE-3 head's other evals (its T=1 goal; static vs dynamic trees at
+# 12 nodes, dynamic at 16) and its ablations (TTT steps, cmp_eagle3: 5; draft vocab, 4096)
+head_run eagle3
+for head in hydra medusa eagle1; do lane head_run "$head"; done
+lane head_run eagle3 eval.temperature=1.0
+lane head_run eagle3 tree=static
+lane head_run eagle3 tree.total_tokens=16
 ablation ttt1 head.ttt_steps=1
 ablation ttt3 head.ttt_steps=3
 ablation vocab1k head.draft_vocab_size=1024
 ablation vocab16k head.draft_vocab_size=16384
+# every head trained before any head's second eval can start
+wait
 evals_for_all eval.temperature=1.0
 evals_for_all eval.benchmark=heldout
 evals_for_all eval.benchmark=humaneval
