@@ -68,8 +68,8 @@ def main() -> None:
         "--block-rows",
         type=int,
         default=None,
-        help="rows of vocab-sized blocks at the target's "
-        "vocab (default: heads.base.rows_per_block), to measure what their size costs",
+        help="rows per vocab-sized block at the target's vocab (default: "
+        "heads.base.rows_per_block), to measure what the block size costs",
     )
     p.add_argument("--out", default="runs/bench/train")
     args = p.parse_args()

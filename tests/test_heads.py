@@ -116,6 +116,26 @@ def test_top_tokens_in_blocks_match_full_argmax(tiny_target, monkeypatch) -> Non
     assert torch.equal(parts.top_tokens(hidden), expected)
 
 
+@pytest.mark.parametrize("name", ["eagle1", "eagle3", "medusa"])
+def test_loss_in_blocks_matches_one_block(name, info, tiny_target, batch, monkeypatch) -> None:
+    """Vocab-sized work in blocks of a few rows (as the real vocab gets) gives the same loss and
+    gradients as one block over all rows (what the tiny vocab gets by default)."""
+    from draftsmith.heads import base
+
+    def loss_and_grads() -> tuple[float, list[torch.Tensor]]:
+        head = make(name, info, tiny_target)
+        loss, _ = head.loss(batch)
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in head.parameters() if p.grad is not None]
+
+    whole, whole_grads = loss_and_grads()
+    monkeypatch.setattr(base, "BLOCK_ELEMENTS", 5 * info.vocab_size)  # 5-row blocks (Vd: more)
+    blocked, blocked_grads = loss_and_grads()
+    assert blocked == pytest.approx(whole, rel=1e-5)
+    for a, b in zip(blocked_grads, whole_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_frozen_logits_soft_ce_matches_autograd(tiny_target) -> None:
     """The gradient taken in forward (chunked, through the frozen lm_head) == plain autograd."""
     from draftsmith.heads.base import distill_selected
