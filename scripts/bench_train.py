@@ -1,7 +1,8 @@
 """Head-training throughput on collected shards and its FLOP utilisation, in one process:
 achieved FLOP/s of the training step (counted from the head's matmuls) divided by this machine's
-dense matmul FLOP/s measured in the same run and dtype, and the share of CPU time spent in the
-kernel (page faults of freshly mapped memory show up there). Usage:
+dense matmul FLOP/s measured in the same run and dtype, the share of CPU time spent in the
+kernel and the page faults per step (freshly mapped memory is faulted in there;
+--glibc-default measures training without draftsmith.allocator). Usage:
   python scripts/bench_train.py --collect runs/smollm2_eagle3/collect [--dtype bfloat16]
 """
 
@@ -17,6 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
+from draftsmith.allocator import reuse_freed_memory
 from draftsmith.heads import TargetInfo, TargetParts, base, build_head
 from draftsmith.target import load_target
 from draftsmith.train.data import ShardRows, collate
@@ -71,8 +73,15 @@ def main() -> None:
         help="rows per vocab-sized block at the target's vocab (default: "
         "heads.base.rows_per_block), to measure what the block size costs",
     )
+    p.add_argument(
+        "--glibc-default",
+        action="store_true",
+        help="leave glibc's malloc as it is (big blocks mapped and faulted in on every use) "
+        "instead of draftsmith.allocator.reuse_freed_memory(), as training runs",
+    )
     p.add_argument("--out", default="runs/bench/train")
     args = p.parse_args()
+    reused = False if args.glibc_default else reuse_freed_memory()
     target = load_target(args.target, args.dtype)
     info = TargetInfo.from_hf_config(target.config, args.target)
     if args.block_rows:
@@ -82,7 +91,12 @@ def main() -> None:
     tokens = int(batch.valid().sum())
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
     peak = matmul_flops(torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
-    results = {"dtype": args.dtype, "tokens_per_batch": tokens, "matmul_flops_per_second": peak}
+    results = {
+        "dtype": args.dtype,
+        "tokens_per_batch": tokens,
+        "matmul_flops_per_second": peak,
+        "reuse_freed_memory": reused,
+    }
     for name in args.heads:
         config = HEADS[name]
         torch.manual_seed(0)
@@ -107,6 +121,7 @@ def main() -> None:
         user, kernel = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
         results[name] = {
             "kernel_share": kernel / (user + kernel),
+            "page_faults_per_step": (r1.ru_minflt - r0.ru_minflt) / args.steps,
             "tokens_per_second": tokens / seconds,
             "step_flops": flops,
             "achieved_flops_per_second": flops / seconds,
@@ -117,15 +132,17 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     table = (
-        "| head | tokens/s | achieved GFLOP/s | matmul peak GFLOP/s | utilisation | kernel time |\n"
+        "| head | tokens/s | achieved GFLOP/s | matmul peak GFLOP/s | utilisation | kernel time "
+        "| page faults/step |\n"
     )
-    table += "|---|---:|---:|---:|---:|---:|\n"
+    table += "|---|---:|---:|---:|---:|---:|---:|\n"
     for name in args.heads:
         r = results[name]
         achieved = r["achieved_flops_per_second"] / 1e9
         table += (
             f"| {name} | {r['tokens_per_second']:.0f} | {achieved:.0f}"
-            f" | {peak / 1e9:.0f} | {r['utilisation']:.2f} | {r['kernel_share']:.0%} |\n"
+            f" | {peak / 1e9:.0f} | {r['utilisation']:.2f} | {r['kernel_share']:.0%}"
+            f" | {r['page_faults_per_step']:.0f} |\n"
         )
     (out / "results.md").write_text(table)
     print(table)
