@@ -132,16 +132,22 @@ def _generate_continuous(target, tokenizer, prompts: list[list[int]], cfg: Regen
     return [o.generated_tokens for o in outputs]
 
 
-def generate_answers(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list[list]:
-    """New tokens for every prompt, cut before EOS."""
+def generate_answers(
+    target, tokenizer, prompts: list[list[int]], cfg: RegenConfig, progress: tqdm | None = None
+) -> list[list]:
+    """New tokens for every prompt, cut before EOS; `progress` advances by answered prompts."""
     batched = {"padded": _generate_dropping, "generate": _generate_hf}
     if cfg.engine == "continuous":
         rows = _generate_continuous(target, tokenizer, prompts, cfg)
+        if progress is not None:
+            progress.update(len(prompts))
     elif cfg.engine in batched:
         rows = []
         for start in range(0, len(prompts), cfg.batch_size):
             chunk = prompts[start : start + cfg.batch_size]
             rows += batched[cfg.engine](target, tokenizer, chunk, cfg)
+            if progress is not None:
+                progress.update(len(chunk))
     else:
         raise ValueError(
             f"data.regen.engine={cfg.engine!r}: expected 'padded', 'generate' or 'continuous'"
@@ -165,6 +171,9 @@ def regenerate_chunk(
     cursor = [0] * len(conversations)  # next turn of `work[i]` to copy
     alive = set(range(len(conversations)))
     produced = 0
+    # user turns is an upper bound: turns past a too-long prompt are never answered
+    user_turns = sum(t.role == "user" for turns in work for t in turns)
+    bar = tqdm(total=user_turns, desc="answer turns", unit="turn", leave=False)
     while alive:
         pending = []  # (row, prompt ids) of rows that still have a user turn to answer
         for i in sorted(alive):
@@ -195,10 +204,11 @@ def regenerate_chunk(
                 continue
             pending.append((i, prompt))
         pending.sort(key=lambda item: len(item[1]))  # length buckets: little padding per batch
-        answers = generate_answers(target, tokenizer, [p for _, p in pending], cfg)
+        answers = generate_answers(target, tokenizer, [p for _, p in pending], cfg, bar)
         for (i, _), answer in zip(pending, answers):
             produced += len(answer)
             done[i].append(Turn("assistant", tokenizer.decode(answer, skip_special_tokens=True)))
+    bar.close()
     result = [
         Conversation(c.id, turns)
         for c, turns in zip(conversations, done)
