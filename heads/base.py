@@ -81,7 +81,10 @@ class TargetInfo:
 # glibc serves every block above 32 MB (the cap of its mmap threshold) with a fresh mmap, so each
 # reuse page-faults it back in, zero-filled: vocabulary-sized blocks are kept below that. Measured
 # on the full-vocab soft CE over 2048 x 49k rows, one thread: 1024-row chunks (200 MB blocks) took
-# 12.5 s with 4.2 s in the kernel, 160-row chunks (31 MB) 6.6 s with 0.3 s.
+# 12.5 s with 4.2 s in the kernel, 160-row chunks (31 MB) 6.6 s with 0.3 s. The `draftsmith`
+# stages also turn glibc's mmap off (draftsmith.allocator), which covers every other big
+# activation; the blocks stay for processes without it (library use, tests, other C libraries)
+# and because they bound the peak memory of vocabulary-sized work.
 BLOCK_ELEMENTS = 7 * 2**20  # 28 MB in float32
 
 

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 source scripts/venv.sh
 runs="$(realpath -m "${1:-runs/regen_ablation}")"
 common=(experiment=smollm2_eagle3 runs_dir="$runs" data.limit="${LIMIT:-256}" data.heldout=16
-  train.max_steps="${STEPS:-90}" train.epochs=100 'eval.baselines=[]')
+  train.max_steps="${STEPS:-90}" 'eval.baselines=[]')
 regen=(data.regenerate=true data.regen.max_new_tokens=192 data.regen.max_prompt_len=384
   data.regen.chunk_rows=256)
 if [ "${PARALLEL:-1}" -gt 1 ]; then

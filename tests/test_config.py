@@ -56,6 +56,17 @@ def test_recipe_heads_share_data_and_budget() -> None:
     assert all(c.data == cfgs[0].data and c.train == cfgs[0].train for c in cfgs)
 
 
+def test_every_stage_reuses_freed_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`draftsmith <stage>` switches glibc to reusing freed big blocks before the stage runs."""
+    from draftsmith import allocator
+    from draftsmith.cli import main
+
+    calls = []
+    monkeypatch.setattr(allocator, "reuse_freed_memory", lambda: calls.append(True) or True)
+    main(["collect", "--cfg", "job"])
+    assert calls == [True]
+
+
 def test_cli_prints_the_config(capsys: pytest.CaptureFixture[str]) -> None:
     """`draftsmith <stage> <overrides> --cfg job` prints the composed config and runs nothing."""
     from draftsmith.cli import main
