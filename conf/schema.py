@@ -185,6 +185,10 @@ class EvalConfig:
     lookup_tokens: int = 10
     # results subfolder of runs/<run>/eval/ (empty = named after the tree settings)
     tag: str = ""
+    # other runs whose heads (runs/<run>/train/head) are decoded interleaved with this run's, on
+    # the same prompts and baselines (vanilla and lookup decode once for all); each run's results
+    # go to its own eval folder. A parallel head's dynamic tree is cut to its number of heads.
+    heads: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for b in self.baselines:
@@ -219,6 +223,11 @@ class Config:
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     # continue from runs/<run>/train/checkpoints/latest
     resume: bool = False
+    # `draftsmith run` runs these stages, in pipeline order (e.g. [prepare,collect,train] trains
+    # several heads before one eval compares them)
+    stages: list[str] = field(
+        default_factory=lambda: ["prepare", "collect", "train", "eval", "export"]
+    )
     # "none": this process (or an outer `deepspeed`/torchrun launch); "deepspeed": spawn nproc ranks
     launcher: str = "none"
     nproc: int = 1
@@ -233,6 +242,8 @@ class Config:
         _check(self.dtype, ("float32", "bfloat16", "float16"), "dtype")
         _check(self.tracking, ("none", "wandb"), "tracking")
         _check(self.launcher, ("none", "deepspeed"), "launcher")
+        for stage in self.stages:
+            _check(stage, ("prepare", "collect", "train", "eval", "export"), "stages")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device={self.device!r}: expected 'cpu' or 'cuda[:n]'")
 

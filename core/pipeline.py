@@ -56,6 +56,7 @@ def run(cfg: Config) -> dict:
     }
     if cfg.train.source == "online":
         stages.pop("collect")
+    stages = {name: fn for name, fn in stages.items() if name in cfg.stages}
     rows = []
     for name, fn in stages.items():
         stage_cfg = _stage_config(cfg, name)

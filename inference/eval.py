@@ -2,15 +2,19 @@
 
 Vanilla decoding (transformers `generate`), prompt-lookup assisted generation and speculative
 decoding run interleaved prompt by prompt in one process (the order rotates per prompt), so the
-speedups are ratios measured side by side. Greedy speculative outputs are compared with vanilla
-token for token; each divergence is reported with the target's top-2 logit gap where it starts.
+speedups are ratios measured side by side; `eval.heads` adds other runs' heads to the rotation,
+so several heads share one pass of each baseline. Greedy speculative outputs are compared with
+vanilla token for token; each divergence is reported with the target's top-2 logit gap where it
+starts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,6 +25,7 @@ from draftsmith.conversations import read_conversations
 from draftsmith.heads import TargetInfo, TargetParts, load_head
 from draftsmith.inference.decoder import DecodeStats, SpecDecoder
 from draftsmith.inference.report import write_report, write_sweep_summary
+from draftsmith.inference.tree import TreeSpec
 from draftsmith.inference.verify import Sampling
 from draftsmith.target import load_target, load_tokenizer, target_name, torch_dtype
 from draftsmith.tracking import Tracker
@@ -71,15 +76,42 @@ def machine_info(cfg: Config) -> dict:
     }
 
 
-def evaluate(cfg: Config) -> dict:
-    """Run the benchmark and return the results dict (also written to disk)."""
+@dataclass
+class _Contender:
+    """One head decoded in this eval: where its results go and what it measured."""
+
+    run: str
+    head_path: str
+    decoder: SpecDecoder
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    mismatches: list[dict] = field(default_factory=list)
+
+
+def _tree_for(head, tree: TreeSpec) -> TreeSpec:
+    """A parallel head (Medusa, Hydra) drafts one depth per head: a dynamic tree deeper than its
+    heads is cut to them, so heads of different depths can share one eval's tree settings."""
+    heads = getattr(head.config, "num_heads", None)
+    if head.kind == "parallel" and tree.kind == "dynamic" and heads and tree.depth > heads:
+        return dataclasses.replace(tree, depth=heads)
+    return tree
+
+
+def evaluate(cfg: Config) -> dict[str, dict]:
+    """Run the benchmark; returns {run name: results} for this run's head and `eval.heads`."""
     tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
     target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
     info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
-    head_path = cfg.resolved_head_path()
-    head = load_head(head_path, info).to(device=cfg.device, dtype=torch_dtype(cfg.dtype))
-    head.bind(TargetParts.from_model(target)).eval()
-    decoder = SpecDecoder(target, head, cfg.tree)
+    parts = TargetParts.from_model(target)
+    if len({cfg.run_name, *cfg.eval.heads}) != 1 + len(cfg.eval.heads):
+        raise ValueError(f"eval.heads={cfg.eval.heads}: repeats a run (this run is {cfg.run_name})")
+    contenders = []
+    heads = [(cfg.run_name, cfg.resolved_head_path())]
+    heads += [(run, f"{cfg.runs_dir}/{run}/train/head") for run in cfg.eval.heads]
+    for run, head_path in heads:
+        head = load_head(head_path, info).to(device=cfg.device, dtype=torch_dtype(cfg.dtype))
+        head.bind(parts).eval()
+        tree = cfg.tree if run == cfg.run_name else _tree_for(head, cfg.tree)
+        contenders.append(_Contender(run, head_path, SpecDecoder(target, head, tree)))
     prompts = benchmark_prompts(cfg, tokenizer)
     e = cfg.eval
     sampling = Sampling(e.temperature, e.top_p, e.top_k)
@@ -92,23 +124,23 @@ def evaluate(cfg: Config) -> dict:
     }
     if not sampling.greedy:
         gen_kwargs.update(temperature=e.temperature, top_p=e.top_p, top_k=e.top_k)
-    methods = ["speculative", *e.baselines]
+    by_run = {c.run: c for c in contenders}
+    methods = [*by_run, *e.baselines]
     seconds = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)
-    stats = DecodeStats()
-    mismatches = []
     for index, prompt in enumerate(tqdm(prompts, desc=f"eval {e.benchmark}", unit="prompt")):
         outputs: dict[str, list[int]] = {}
+        # the order rotates per prompt so no method always runs first (warm caches, clocks)
         order = methods[index % len(methods) :] + methods[: index % len(methods)]
         for method in order:
             torch.manual_seed(cfg.seed + index)
             t0 = time.perf_counter()
-            if method == "speculative":
+            if method in by_run:
                 generator = torch.Generator().manual_seed(cfg.seed + index)
-                out, prompt_stats = decoder.generate(
+                out, prompt_stats = by_run[method].decoder.generate(
                     prompt, e.max_new_tokens, sampling, eos, generator=generator
                 )
-                stats.add(prompt_stats)
+                by_run[method].stats.add(prompt_stats)
             else:
                 target.set_attn_implementation("sdpa")
                 extra = {"prompt_lookup_num_tokens": e.lookup_tokens} if method == "lookup" else {}
@@ -118,67 +150,79 @@ def evaluate(cfg: Config) -> dict:
             seconds[method] += time.perf_counter() - t0
             tokens[method] += len(out)
             outputs[method] = out
-        if (
-            sampling.greedy
-            and "vanilla" in outputs
-            and outputs["speculative"] != outputs["vanilla"]
-        ):
-            spec, ref = outputs["speculative"], outputs["vanilla"]
-            first = next(
-                (i for i, (a, b) in enumerate(zip(spec, ref)) if a != b), min(len(spec), len(ref))
-            )
-            gap = _top2_gap(target, prompt + ref, len(prompt) + first) if first < len(ref) else None
-            mismatches.append({"prompt": index, "first_divergence": first, "top2_gap": gap})
+        if sampling.greedy and "vanilla" in outputs:
+            ref = outputs["vanilla"]
+            for c in contenders:
+                if outputs[c.run] != ref:
+                    c.mismatches.append(_mismatch(target, prompt, outputs[c.run], ref, index))
     rate = {m: tokens[m] / max(seconds[m], 1e-9) for m in methods}
-    results = {
-        "machine": machine_info(cfg),
-        "target": info.name,
-        "head": {"name": head.name, "path": head_path},
-        "tree": vars(cfg.tree),
-        "eval": vars(e),
-        "prompts": len(prompts),
-        "tokens": tokens,
-        "seconds": seconds,
-        "tokens_per_second": rate,
-        "speedup": {f"vs_{m}": rate["speculative"] / rate[m] for m in e.baselines},
-        "tau": stats.tau,
-        "depth_acceptance": stats.depth_acceptance(),
-        "draft_seconds": stats.draft_seconds,
-        "verify_seconds": stats.verify_seconds,
-        "verify_forwards": stats.forwards,
-        "mismatch": {
-            "checked": sampling.greedy and "vanilla" in e.baselines,
-            "prompts": len(mismatches),
-            "rate": len(mismatches) / len(prompts),
-            "details": mismatches,
-        },
-    }
+    results = {}
+    for c in contenders:
+        # this head is "speculative" in its own results
+        names = {"speculative": c.run, **{b: b for b in e.baselines}}
+        stats = c.stats
+        results[c.run] = {
+            "machine": machine_info(cfg),
+            "target": info.name,
+            "head": {"name": c.decoder.head.name, "path": c.head_path},
+            "tree": vars(c.decoder.spec),
+            "eval": vars(e),
+            # heads decoded in the same process, interleaved prompt by prompt (shared baselines)
+            "decoded_with": [r for r in by_run if r != c.run],
+            "prompts": len(prompts),
+            "tokens": {n: tokens[m] for n, m in names.items()},
+            "seconds": {n: seconds[m] for n, m in names.items()},
+            "tokens_per_second": {n: rate[m] for n, m in names.items()},
+            "speedup": {f"vs_{m}": rate[c.run] / rate[m] for m in e.baselines},
+            "tau": stats.tau,
+            "depth_acceptance": stats.depth_acceptance(),
+            "draft_seconds": stats.draft_seconds,
+            "verify_seconds": stats.verify_seconds,
+            "verify_forwards": stats.forwards,
+            "mismatch": {
+                "checked": sampling.greedy and "vanilla" in e.baselines,
+                "prompts": len(c.mismatches),
+                "rate": len(c.mismatches) / len(prompts),
+                "details": c.mismatches,
+            },
+        }
     return results
 
 
-def eval_tag(cfg: Config) -> str:
-    t = cfg.tree
+def _mismatch(target, prompt: list[int], spec: list[int], ref: list[int], index: int) -> dict:
+    """Where a greedy speculative output first left vanilla, and the target's top-2 gap there."""
+    first = next((i for i, (a, b) in enumerate(zip(spec, ref)) if a != b), min(len(spec), len(ref)))
+    gap = _top2_gap(target, prompt + ref, len(prompt) + first) if first < len(ref) else None
+    return {"prompt": index, "first_divergence": first, "top2_gap": gap}
+
+
+def eval_tag(cfg: Config, tree: TreeSpec | None = None) -> str:
+    """Results folder name: benchmark and tree settings (`tree`: a head's own, else cfg's)."""
+    t = tree or cfg.tree
     tag = cfg.eval.tag or f"{cfg.eval.benchmark}-{t.kind}-d{t.depth}-k{t.top_k}-n{t.total_tokens}"
     return f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}"
 
 
 def run(cfg: Config) -> dict:
-    """Stage entry point: evaluate, then write JSON + markdown + plots under runs/<run>/eval/."""
+    """Stage entry point: evaluate, then write JSON + markdown + plots under runs/<run>/eval/
+    (and under each `eval.heads` run's own eval folder); returns this run's results."""
     results = evaluate(cfg)
-    out = Path(cfg.stage_dir("eval")) / Path(eval_tag(cfg)).name
-    write_report(results, out)
-    write_sweep_summary(out.parent)
-    if cfg.tracking == "wandb":
-        tracker = Tracker(out, "wandb", f"{cfg.run_name}-eval-{out.name}", cfg)
-        flat = {
-            "tau": results["tau"],
-            **{f"speedup/{k}": v for k, v in results["speedup"].items()},
-            **{f"tokens_per_second/{k}": v for k, v in results["tokens_per_second"].items()},
-            **{f"acceptance/depth_{d + 1}": a for d, a in enumerate(results["depth_acceptance"])},
-        }
-        tracker.log(flat, 0)
-        tracker.artifact(out, f"{cfg.run_name}-eval", kind="results")
-        tracker.finish()
-    print(json.dumps({k: results[k] for k in ("tau", "speedup", "tokens_per_second")}, indent=2))
-    print(f"results: {out}/results.json, {out}/results.md")
-    return results
+    for run_name, r in results.items():
+        tree = TreeSpec(**r["tree"])
+        out = Path(cfg.runs_dir, run_name, "eval", Path(eval_tag(cfg, tree)).name)
+        write_report(r, out)
+        write_sweep_summary(out.parent)
+        if cfg.tracking == "wandb":
+            tracker = Tracker(out, "wandb", f"{run_name}-eval-{out.name}", cfg)
+            flat = {
+                "tau": r["tau"],
+                **{f"speedup/{k}": v for k, v in r["speedup"].items()},
+                **{f"tokens_per_second/{k}": v for k, v in r["tokens_per_second"].items()},
+                **{f"acceptance/depth_{d + 1}": a for d, a in enumerate(r["depth_acceptance"])},
+            }
+            tracker.log(flat, 0)
+            tracker.artifact(out, f"{run_name}-eval", kind="results")
+            tracker.finish()
+        print(run_name, json.dumps({k: r[k] for k in ("tau", "speedup", "tokens_per_second")}))
+        print(f"results: {out}/results.json, {out}/results.md")
+    return results[cfg.run_name]

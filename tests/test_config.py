@@ -48,6 +48,11 @@ def test_bad_enum_fails(override: str) -> None:
         compose([override])
 
 
+def test_unknown_stage_fails() -> None:
+    with pytest.raises(ValueError, match="stages='trian' is not one of"):
+        compose(["stages=[prepare,trian]"])
+
+
 def test_recipe_heads_share_data_and_budget() -> None:
     """The four SmolLM2 head experiments train on one collection with one training budget."""
     cfgs = [compose([f"experiment=smollm2_{h}"]) for h in ("eagle3", "eagle1", "medusa", "hydra")]

@@ -61,11 +61,30 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     medusa = [o for o in overrides if o.split("=")[0] not in ("head.draft_vocab_size", "export")]
     medusa += ["run_name=tiny_medusa", "inputs_from=tiny", "head=medusa", "tree.depth=4"]
     medusa += ["export=medusa"]  # sglang serves EAGLE heads only
-    other = run(compose(medusa))
-    assert [r["status"] for r in other["stages"]] == ["already complete"] * 2 + ["done"] * 3
+    trained = run(compose([*medusa, "stages=[prepare,collect,train]"]))
+    assert [r["status"] for r in trained["stages"]] == ["already complete"] * 2 + ["done"]
     assert not (tmp_path / "runs" / "tiny_medusa" / "prepare").exists()
-    assert other["stages"][1]["seconds"] == summary["stages"][1]["seconds"]  # tiny's collection
-    assert other["data"] == summary["data"] and other["eval"]["mismatch"]["prompts"] == 0
+    assert not (tmp_path / "runs" / "tiny_medusa" / "eval").exists()  # stages stops at train
+    assert trained["stages"][1]["seconds"] == summary["stages"][1]["seconds"]  # tiny's collection
+
+    # both heads in one eval, one vanilla and one lookup pass for both; the Medusa head's results
+    # land in its own run, under its own (4-deep) tree, where its `draftsmith run` finds them
+    from draftsmith.inference import eval as evaluate
+
+    mine = evaluate.run(compose([*overrides, "eval.heads=[tiny_medusa]", "tracking=none"]))
+    found = list((tmp_path / "runs" / "tiny_medusa" / "eval").glob("*-d4-*/results.json"))
+    assert len(found) == 1
+    theirs = json.loads(found[0].read_text())
+    assert mine["decoded_with"] == ["tiny_medusa"] and theirs["decoded_with"] == ["tiny"]
+    assert mine["head"]["name"] != theirs["head"]["name"]
+    assert theirs["tree"]["depth"] == 4 and mine["tree"]["depth"] == 5
+    for method in ("vanilla", "lookup"):
+        assert mine["seconds"][method] == theirs["seconds"][method] > 0
+    assert mine["tokens"]["speculative"] == theirs["tokens"]["speculative"] > 0  # both lossless
+    assert mine["mismatch"]["checked"] and theirs["mismatch"]["prompts"] == 0
+    other = run(compose(medusa))
+    assert [r["status"] for r in other["stages"]] == ["already complete"] * 4 + ["done"]
+    assert other["data"] == summary["data"] and other["eval"]["decoded_with"] == ["tiny"]
 
 
 def test_summary_prints_only_what_was_measured() -> None:
