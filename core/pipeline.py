@@ -56,10 +56,12 @@ def run(cfg: Config) -> dict:
     }
     if cfg.train.source == "online":
         stages.pop("collect")
-    stages = {name: fn for name, fn in stages.items() if name in cfg.stages}
     rows = []
     for name, fn in stages.items():
         stage_cfg = _stage_config(cfg, name)
+        if name not in cfg.stages and not _done(stage_cfg, name):
+            rows.append({"stage": name, "status": "not selected", "seconds": None})
+            continue
         if _done(stage_cfg, name):
             # the minutes it took when it ran (None: made before timings were kept)
             seconds = _timings(stage_cfg).get(_timing_key(stage_cfg, name))

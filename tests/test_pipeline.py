@@ -62,7 +62,8 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     medusa += ["run_name=tiny_medusa", "inputs_from=tiny", "head=medusa", "tree.depth=4"]
     medusa += ["export=medusa"]  # sglang serves EAGLE heads only
     trained = run(compose([*medusa, "stages=[prepare,collect,train]"]))
-    assert [r["status"] for r in trained["stages"]] == ["already complete"] * 2 + ["done"]
+    statuses = ["already complete"] * 2 + ["done"] + ["not selected"] * 2
+    assert [r["status"] for r in trained["stages"]] == statuses
     assert not (tmp_path / "runs" / "tiny_medusa" / "prepare").exists()
     assert not (tmp_path / "runs" / "tiny_medusa" / "eval").exists()  # stages stops at train
     assert trained["stages"][1]["seconds"] == summary["stages"][1]["seconds"]  # tiny's collection
