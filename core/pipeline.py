@@ -1,5 +1,6 @@
 """`draftsmith run`: prepare -> collect -> train -> eval -> export, each stage skipped when its
-output is already complete (so a killed run is continued by running the same command again).
+output is already complete (so a killed run is continued by running the same command again);
+`stages=[...]` runs a subset, and the summary still lists the others.
 
 Stages run in this process with the same typed config; a summary table of what each stage
 produced and how long it took (also when an earlier invocation ran it: each run keeps
@@ -59,10 +60,11 @@ def run(cfg: Config) -> dict:
     rows = []
     for name, fn in stages.items():
         stage_cfg = _stage_config(cfg, name)
-        if name not in cfg.stages and not _done(stage_cfg, name):
+        done = _done(stage_cfg, name)
+        if name not in cfg.stages and not done:
             rows.append({"stage": name, "status": "not selected", "seconds": None})
             continue
-        if _done(stage_cfg, name):
+        if done:
             # the minutes it took when it ran (None: made before timings were kept)
             seconds = _timings(stage_cfg).get(_timing_key(stage_cfg, name))
             rows.append({"stage": name, "status": "already complete", "seconds": seconds})
