@@ -98,12 +98,12 @@ def _tree_for(head, tree: TreeSpec) -> TreeSpec:
 
 def evaluate(cfg: Config) -> dict[str, dict]:
     """Run the benchmark; returns {run name: results} for this run's head and `eval.heads`."""
+    if len({cfg.run_name, *cfg.eval.heads}) != 1 + len(cfg.eval.heads):
+        raise ValueError(f"eval.heads={cfg.eval.heads}: repeats a run (this run is {cfg.run_name})")
     tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
     target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
     info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
     parts = TargetParts.from_model(target)
-    if len({cfg.run_name, *cfg.eval.heads}) != 1 + len(cfg.eval.heads):
-        raise ValueError(f"eval.heads={cfg.eval.heads}: repeats a run (this run is {cfg.run_name})")
     contenders = []
     heads = [(cfg.run_name, cfg.resolved_head_path())]
     heads += [(run, f"{cfg.runs_dir}/{run}/train/head") for run in cfg.eval.heads]

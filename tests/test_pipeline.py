@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from draftsmith.config import compose
 from draftsmith.pipeline import _markdown, run
 
@@ -123,3 +125,11 @@ def test_sweep_summary_marks_missing_baselines(tmp_path: Path) -> None:
     rows = (tmp_path / "summary.md").read_text().splitlines()[2:]
     assert rows[0].endswith("| 1.50 | - | - |") and rows[1].endswith("| 1.50 | 1.25x | 0.90x |")
     assert (tmp_path / "tree_sweep.png").exists()
+
+
+def test_eval_heads_must_not_repeat_a_run() -> None:
+    """A run named twice would share one entry of the rotation; refused before any model loads."""
+    from draftsmith.inference.eval import evaluate
+
+    with pytest.raises(ValueError, match="repeats a run"):
+        evaluate(compose(["run_name=a", "eval.heads=[b,a]"]))
