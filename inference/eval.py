@@ -90,9 +90,8 @@ class _Contender:
 def _tree_for(head, tree: TreeSpec) -> TreeSpec:
     """A parallel head (Medusa, Hydra) drafts one depth per head: a dynamic tree deeper than its
     heads is cut to them, so heads of different depths can share one eval's tree settings."""
-    heads = getattr(head.config, "num_heads", None)
-    if head.kind == "parallel" and tree.kind == "dynamic" and heads and tree.depth > heads:
-        return dataclasses.replace(tree, depth=heads)
+    if head.kind == "parallel" and tree.kind == "dynamic":
+        return dataclasses.replace(tree, depth=min(tree.depth, head.config.num_heads))
     return tree
 
 
@@ -156,13 +155,14 @@ def evaluate(cfg: Config) -> dict[str, dict]:
                 if outputs[c.run] != ref:
                     c.mismatches.append(_mismatch(target, prompt, outputs[c.run], ref, index))
     rate = {m: tokens[m] / max(seconds[m], 1e-9) for m in methods}
+    machine = machine_info(cfg)
     results = {}
     for c in contenders:
         # this head is "speculative" in its own results
         names = {"speculative": c.run, **{b: b for b in e.baselines}}
         stats = c.stats
         results[c.run] = {
-            "machine": machine_info(cfg),
+            "machine": machine,
             "target": info.name,
             "head": {"name": c.decoder.head.name, "path": c.head_path},
             "tree": vars(c.decoder.spec),
