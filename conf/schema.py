@@ -189,10 +189,17 @@ class EvalConfig:
     # the same prompts and baselines (vanilla and lookup decode once for all); each run's results
     # go to its own eval folder. A parallel head's dynamic tree is cut to its number of heads.
     heads: list[str] = field(default_factory=list)
+    # 0 = every head drafts over its own vocabulary. N > 0: heads that draft through the target's
+    # full lm_head (eagle1, medusa, hydra) draft over the N most frequent answer tokens of this
+    # run's prepared data instead (far cheaper per expansion; exactness is unchanged). This run's
+    # head must be one of them; its results folder name ends in -v<N>.
+    draft_vocab_size: int = 0
 
     def __post_init__(self) -> None:
         for b in self.baselines:
             _check(b, ("vanilla", "lookup"), "eval.baselines")
+        if self.draft_vocab_size < 0:
+            raise ValueError(f"eval.draft_vocab_size={self.draft_vocab_size} must be >= 0")
 
 
 @dataclass

@@ -44,9 +44,6 @@ class AutoregressiveHead(DraftHead):
     def draft_logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
         """Layer output [.., H] -> logits over the draft vocabulary [.., Vd]."""
 
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids
-
     @abstractmethod
     def step_loss(
         self, i: int, hidden_out: torch.Tensor, batch: HeadBatch, select: torch.Tensor, cache: dict

@@ -113,6 +113,16 @@ class TargetParts:
     def vocab_size(self) -> int:
         return self.lm_head.weight.shape[0]
 
+    def restricted(self, token_ids: torch.Tensor) -> TargetParts:
+        """The same parts with an lm_head over `token_ids` [Vd] only (its rows copied, so a
+        draft's logits read Vd x H weights instead of V x H): logit i is target token
+        token_ids[i]'s logit."""
+        weight = self.lm_head.weight  # [V, H]
+        lm_head = nn.Linear(weight.shape[1], token_ids.numel(), bias=False)
+        lm_head.to(device=weight.device, dtype=weight.dtype)
+        lm_head.weight.data = weight.detach()[token_ids.to(weight.device)].contiguous()
+        return TargetParts(self.embed_tokens, self.norm, lm_head)
+
     @torch.no_grad()
     def top_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's greedy next token at every position [B, T] (chunked: [B, T, V] logits
@@ -234,6 +244,16 @@ class DraftHead(nn.Module, ABC):
     name: ClassVar[str]
     kind: ClassVar[str]
     config_class: ClassVar[type[HeadConfig]]
+
+    @property
+    def drafts_with_target_lm_head(self) -> bool:
+        """True when drafting goes through the target's full-vocabulary lm_head (EAGLE-1,
+        Medusa/Hydra sharing it), which inference can restrict to a frequent-token subset."""
+        return False
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target ids (the identity unless the head has its own vocab)."""
+        return draft_ids
 
     def __init__(self, config: HeadConfig, target: TargetInfo) -> None:
         super().__init__()

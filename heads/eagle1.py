@@ -62,6 +62,10 @@ class Eagle1Head(AutoregressiveHead):
     def fuse(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.cat([embeds, hidden], dim=-1))
 
+    @property
+    def drafts_with_target_lm_head(self) -> bool:
+        return True
+
     def draft_logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
         return self.parts.lm_head(hidden_out)
 

@@ -66,6 +66,10 @@ class MedusaHead(DraftHead):
     def depth(self) -> int:
         return self.config.num_heads
 
+    @property
+    def drafts_with_target_lm_head(self) -> bool:
+        return not self.config.own_lm_head
+
     def head_logits(self, k: int, states: torch.Tensor) -> torch.Tensor:
         """Head-k output states [.., H] -> logits over the target vocabulary [.., V]."""
         lm_head = self.lm_heads[k] if self.config.own_lm_head else self.parts.lm_head

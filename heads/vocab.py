@@ -10,19 +10,25 @@ from __future__ import annotations
 import torch
 
 
-def build_vocab_mapping(
-    counts: torch.Tensor, draft_vocab_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token counts [V] -> (d2t [Vd] int64 offsets, t2d [V] bool).
+def frequent_tokens(counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
+    """Token counts [V] -> the `draft_vocab_size` most frequent token ids [Vd], ascending.
 
-    Ties in count are broken by the lower token id, so the mapping is deterministic.
+    Ties in count are broken by the lower token id, so the choice is deterministic.
     """
     vocab_size = counts.numel()
     if not 0 < draft_vocab_size <= vocab_size:
         raise ValueError(f"draft_vocab_size={draft_vocab_size} must be in 1..{vocab_size}")
     # stable sort on -count keeps lower ids first among equal counts
     order = torch.sort(-counts.to(torch.float64), stable=True).indices
-    used = torch.sort(order[:draft_vocab_size]).values  # [Vd] target ids, ascending
+    return torch.sort(order[:draft_vocab_size]).values
+
+
+def build_vocab_mapping(
+    counts: torch.Tensor, draft_vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token counts [V] -> (d2t [Vd] int64 offsets, t2d [V] bool) over `frequent_tokens`."""
+    vocab_size = counts.numel()
+    used = frequent_tokens(counts, draft_vocab_size)  # [Vd] target ids, ascending
     d2t = used - torch.arange(draft_vocab_size, dtype=used.dtype)
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[used] = True

@@ -63,12 +63,20 @@ class DecodeStats:
 
 
 class SpecDecoder:
-    """Speculative decoding of `target` with `head` (bound to the target) and a tree spec."""
+    """Speculative decoding of `target` with `head` (bound to the target) and a tree spec;
+    `draft_vocab` [Vd] (target ids) restricts a head that drafts through the target's lm_head
+    to those tokens."""
 
-    def __init__(self, target: torch.nn.Module, head: DraftHead, tree: TreeSpec) -> None:
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        head: DraftHead,
+        tree: TreeSpec,
+        draft_vocab: torch.Tensor | None = None,
+    ) -> None:
         self.target, self.head, self.spec = target, head, tree
         use_tree_attention(target, tree.attention)
-        self.drafter = make_drafter(head)
+        self.drafter = make_drafter(head, draft_vocab)
         self.aux_layers = list(getattr(head.config, "aux_layers", []) or [])
         depth = {"chain": tree.depth, "static": None, "dynamic": tree.depth}[tree.kind]
         if tree.kind == "chain":

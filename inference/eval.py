@@ -23,12 +23,14 @@ from tqdm import tqdm
 from draftsmith.conf.schema import Config
 from draftsmith.conversations import read_conversations
 from draftsmith.heads import TargetInfo, TargetParts, load_head
+from draftsmith.heads.vocab import frequent_tokens
 from draftsmith.inference.decoder import DecodeStats, SpecDecoder
 from draftsmith.inference.report import write_report, write_sweep_summary
 from draftsmith.inference.tree import TreeSpec
 from draftsmith.inference.verify import Sampling
 from draftsmith.target import load_target, load_tokenizer, target_name, torch_dtype
 from draftsmith.tracking import Tracker
+from draftsmith.train.prepare import answer_token_counts
 
 
 def benchmark_prompts(cfg: Config, tokenizer) -> list[list[int]]:
@@ -83,6 +85,7 @@ class _Contender:
     run: str
     head_path: str
     decoder: SpecDecoder
+    draft_vocab: int  # 0 = the head's own vocabulary
     stats: DecodeStats = field(default_factory=DecodeStats)
     mismatches: list[dict] = field(default_factory=list)
 
@@ -103,6 +106,10 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
     info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
     parts = TargetParts.from_model(target)
+    vocab = None
+    if cfg.eval.draft_vocab_size:
+        counts = answer_token_counts(cfg.input_dir("prepare"), info.vocab_size)
+        vocab = frequent_tokens(counts, cfg.eval.draft_vocab_size)  # [Vd] target ids
     contenders = []
     heads = [(cfg.run_name, cfg.resolved_head_path())]
     heads += [(run, f"{cfg.runs_dir}/{run}/train/head") for run in cfg.eval.heads]
@@ -110,7 +117,10 @@ def evaluate(cfg: Config) -> dict[str, dict]:
         head = load_head(head_path, info).to(device=cfg.device, dtype=torch_dtype(cfg.dtype))
         head.bind(parts).eval()
         tree = cfg.tree if run == cfg.run_name else _tree_for(head, cfg.tree)
-        contenders.append(_Contender(run, head_path, SpecDecoder(target, head, tree)))
+        # this run's head must take the reduced vocabulary; other heads take it if they can
+        own = vocab if run == cfg.run_name or head.drafts_with_target_lm_head else None
+        decoder = SpecDecoder(target, head, tree, own)
+        contenders.append(_Contender(run, head_path, decoder, 0 if own is None else own.numel()))
     prompts = benchmark_prompts(cfg, tokenizer)
     e = cfg.eval
     sampling = Sampling(e.temperature, e.top_p, e.top_k)
@@ -166,6 +176,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             "target": info.name,
             "head": {"name": c.decoder.head.name, "path": c.head_path},
             "tree": vars(c.decoder.spec),
+            "draft_vocab_size": c.draft_vocab,
             "eval": vars(e),
             # heads decoded in the same process, interleaved prompt by prompt (shared baselines)
             "decoded_with": [r for r in by_run if r != c.run],
@@ -196,11 +207,13 @@ def _mismatch(target, prompt: list[int], spec: list[int], ref: list[int], index:
     return {"prompt": index, "first_divergence": first, "top2_gap": gap}
 
 
-def eval_tag(cfg: Config, tree: TreeSpec | None = None) -> str:
-    """Results folder name: benchmark and tree settings (`tree`: a head's own, else cfg's)."""
+def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None = None) -> str:
+    """Results folder name: benchmark, tree and draft-vocabulary settings (`tree`, `draft_vocab`:
+    a head's own, else cfg's)."""
     t = tree or cfg.tree
     tag = cfg.eval.tag or f"{cfg.eval.benchmark}-{t.kind}-d{t.depth}-k{t.top_k}-n{t.total_tokens}"
-    return f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}"
+    vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
+    return f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
 
 
 def run(cfg: Config) -> dict:
@@ -209,7 +222,8 @@ def run(cfg: Config) -> dict:
     results = evaluate(cfg)
     for run_name, r in results.items():
         tree = TreeSpec(**r["tree"])
-        out = Path(cfg.runs_dir, run_name, "eval", Path(eval_tag(cfg, tree)).name)
+        tag = eval_tag(cfg, tree, r["draft_vocab_size"])
+        out = Path(cfg.runs_dir, run_name, "eval", Path(tag).name)
         write_report(r, out)
         write_sweep_summary(out.parent)
         if cfg.tracking == "wandb":

@@ -48,6 +48,8 @@ def run_rows(
         depth = " ".join(f"{a:.2f}" for a in r["depth_acceptance"][:6])
         mism = f"{r['mismatch']['prompts']}/{r['prompts']}" if r["mismatch"]["checked"] else "-"
         tree = f"{t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']}"
+        if r.get("draft_vocab_size"):  # drafted over a frequent-token subset of the target's
+            tree += f" v{r['draft_vocab_size']}"
         speed = {k: f"{s[k]:.2f}x" if k in s else "-" for k in ("vs_vanilla", "vs_lookup")}
         # tau-only evals (no baselines) may share the cores with other jobs: no speed reported
         tok_s = f"{r['tokens_per_second']['speculative']:.1f}" if s else "-"

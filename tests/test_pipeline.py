@@ -89,6 +89,20 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     assert [r["status"] for r in other["stages"]] == ["already complete"] * 4 + ["done"]
     assert other["data"] == summary["data"] and other["eval"]["decoded_with"] == ["tiny"]
 
+    # the Medusa head drafting over the 64 most frequent answer tokens (its own results folder,
+    # still lossless); the EAGLE-3 head decoded alongside keeps its own draft vocabulary
+    cut = [*medusa, "eval.draft_vocab_size=64", "eval.baselines=[vanilla]"]
+    mine = evaluate.run(compose([*cut, "eval.heads=[tiny]", "tracking=none"]))
+    assert mine["draft_vocab_size"] == 64 and mine["mismatch"]["checked"]
+    assert mine["mismatch"]["prompts"] == 0
+    cut_dirs = list((tmp_path / "runs" / "tiny_medusa" / "eval").glob("*-v64"))
+    assert len(cut_dirs) == 1 and len(found) == 1 and found[0].exists()  # the full-vocab eval kept
+    theirs = json.loads(
+        next((tmp_path / "runs" / "tiny" / "eval").glob("*/results.json")).read_text()
+    )
+    assert theirs["draft_vocab_size"] == 0 and theirs["decoded_with"] == ["tiny_medusa"]
+    assert [r["status"] for r in run(compose(cut))["stages"]] == ["already complete"] * 5
+
 
 def test_summary_prints_only_what_was_measured() -> None:
     """An eval without baselines (the quick preset) reports tau, no speedup or mismatch count."""

@@ -67,6 +67,36 @@ def test_greedy_is_lossless(name, tree, tiny_target, tiny_tokenizer, references)
         assert stats.forwards >= 1 and stats.tau >= 1.0
 
 
+@pytest.mark.parametrize("name", ["eagle1", "medusa", "hydra"])
+def test_reduced_draft_vocab_is_lossless(name, tiny_target, tiny_tokenizer, references) -> None:
+    """Drafting over a token subset: every drafted token is in it, and the output is still the
+    target's greedy output; the caller's head keeps the full lm_head."""
+    head = untrained(name, tiny_target)
+    vocab_size = tiny_target.config.vocab_size
+    vocab = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(0))[
+        : vocab_size // 4
+    ]
+    vocab = vocab.sort().values  # [Vd] target ids
+    decoder = SpecDecoder(tiny_target, head, TREES["dynamic"], draft_vocab=vocab)
+    drafted = []
+    to_target = decoder.drafter.to_target
+    decoder.drafter.to_target = lambda ids: drafted.append(to_target(ids)) or drafted[-1]
+    for prompt, expected in references[:3]:
+        assert (
+            decoder.generate(prompt, 48, eos_token_ids={tiny_tokenizer.eos_token_id})[0] == expected
+        )
+    assert drafted and torch.isin(torch.cat([d.flatten() for d in drafted]), vocab).all()
+    assert head.parts.lm_head is tiny_target.get_output_embeddings()
+    hidden = torch.randn(3, tiny_target.config.hidden_size)
+    restricted = decoder.drafter.head.parts.lm_head
+    assert torch.equal(restricted(hidden), head.parts.lm_head(hidden)[:, vocab])
+
+
+def test_reduced_draft_vocab_refused_for_a_head_with_its_own(tiny_target) -> None:
+    with pytest.raises(ValueError, match="its own vocabulary"):
+        SpecDecoder(tiny_target, untrained("eagle3", tiny_target), TREES["chain"], torch.arange(8))
+
+
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
 def test_greedy_is_lossless_per_backend(backend, tiny_target, tiny_tokenizer, references) -> None:
     spec = TreeSpec(kind="dynamic", depth=3, top_k=2, total_tokens=6, attention=backend)

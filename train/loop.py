@@ -32,12 +32,12 @@ from draftsmith.heads import (
     load_head,
 )
 from draftsmith.heads.base import simulated_tau
-from draftsmith.heads.vocab import count_tokens
 from draftsmith.target import load_target, target_name
 from draftsmith.tracking import Tracker
 from draftsmith.train import engine as ds
 from draftsmith.train.data import OnlineRows, ShardRows, batch_order, collate, online_batch
 from draftsmith.train.plots import plot_training
+from draftsmith.train.prepare import answer_token_counts
 
 
 class NonFiniteLoss(RuntimeError):
@@ -111,14 +111,7 @@ def setup(cfg: Config, rank: int):
                 f"train.init_from={t.init_from}: does not fit head {head.name}: {err}"
             ) from None
     elif hasattr(head, "set_vocab"):
-        if not prepared.exists():
-            raise FileNotFoundError(f"{prepared}: the draft vocabulary is built from prepared data")
-        train_rows = datasets.load_from_disk(str(prepared))["train"]
-        counts = torch.zeros(info.vocab_size, dtype=torch.long)
-        for row in train_rows.iter(batch_size=1024):
-            for ids, mask in zip(row["input_ids"], row["loss_mask"]):
-                counts += count_tokens(torch.tensor(ids), torch.tensor(mask), info.vocab_size)
-        head.set_vocab(counts)
+        head.set_vocab(answer_token_counts(cfg.input_dir("prepare"), info.vocab_size))
     dtype = torch.float32
     if online:
         if not prepared.exists():
