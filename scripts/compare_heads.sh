@@ -3,7 +3,8 @@
 # tokens in the same order (the first LIMIT ShareGPT conversations, prepared and collected once by
 # the EAGLE-3 run, read by the others through inputs_from) for the same number of steps. Then one
 # MT-bench eval decodes the four heads interleaved with vanilla and prompt-lookup decoding (alone
-# on the machine: the speedups), and tau-only evals follow: MT-bench T=1, held-out ShareGPT and
+# on the machine: the speedups; then EAGLE-1, Medusa and Hydra again with a reduced draft
+# vocabulary), and tau-only evals follow: MT-bench T=1, held-out ShareGPT and
 # HumanEval at T=0 and T=1, static vs dynamic trees, TTT-step and draft-vocab ablations.
 # Every command is a resumable `draftsmith run`, so rerunning the script continues where it stopped.
 #   bash scripts/compare_heads.sh [RUNS_DIR]     env: STEPS (100), LIMIT (1000), PARALLEL (1)
@@ -50,6 +51,9 @@ wait
 # the speedups: every head on MT-bench against one vanilla and one prompt-lookup pass, nothing
 # else running (Medusa and Hydra draft 4 deep, one depth per head)
 head_run eagle3 'eval.heads=[cmp_eagle1,cmp_medusa,cmp_hydra]' 'stages=[eval]'
+# the three heads that draft through the target's 49k-token lm_head, drafting over the 4096 most
+# frequent answer tokens instead (EAGLE-3's draft vocabulary size), again alone on the machine
+head_run eagle1 eval.draft_vocab_size=4096 'eval.heads=[cmp_medusa,cmp_hydra]' 'stages=[eval]'
 evals_for_all eval.temperature=1.0
 evals_for_all eval.benchmark=heldout
 evals_for_all eval.benchmark=humaneval
