@@ -245,16 +245,6 @@ class DraftHead(nn.Module, ABC):
     kind: ClassVar[str]
     config_class: ClassVar[type[HeadConfig]]
 
-    @property
-    def drafts_with_target_lm_head(self) -> bool:
-        """True when drafting goes through the target's full-vocabulary lm_head (EAGLE-1,
-        Medusa/Hydra sharing it), which inference can restrict to a frequent-token subset."""
-        return False
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary ids -> target ids (the identity unless the head has its own vocab)."""
-        return draft_ids
-
     def __init__(self, config: HeadConfig, target: TargetInfo) -> None:
         super().__init__()
         self.config = config
@@ -275,6 +265,16 @@ class DraftHead(nn.Module, ABC):
         if parts is None:
             raise RuntimeError(f"{self.name} head is not bound to a target: call head.bind(parts)")
         return parts
+
+    @property
+    def drafts_with_target_lm_head(self) -> bool:
+        """True when drafting goes through the target's full-vocabulary lm_head (EAGLE-1,
+        Medusa/Hydra sharing it), which inference can restrict to a frequent-token subset."""
+        return False
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target ids (the identity unless the head has its own vocab)."""
+        return draft_ids
 
     @abstractmethod
     def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:

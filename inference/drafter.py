@@ -41,7 +41,8 @@ def drafting_view(head: DraftHead, vocab: torch.Tensor | None) -> DraftHead:
 class _Drafter:
     def __init__(self, head: DraftHead, vocab: torch.Tensor | None) -> None:
         self.head = drafting_view(head, vocab)
-        self.vocab = vocab  # [Vd] target ids, or None: the head's own vocabulary
+        # [Vd] target ids on the device of the draft logits, or None: the head's own vocabulary
+        self.vocab = None if vocab is None else vocab.to(self.head.parts.lm_head.weight.device)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         if self.vocab is not None:
