@@ -53,6 +53,15 @@ def test_unknown_stage_fails() -> None:
         compose(["stages=[prepare,trian]"])
 
 
+def test_draft_vocab_for_a_head_with_its_own_fails() -> None:
+    """Refused when the config is built, not after `draftsmith run` has trained the head."""
+    with pytest.raises(ValueError, match="eagle3 head drafts over its own vocabulary"):
+        compose(["experiment=smollm2_eagle3", "eval.draft_vocab_size=4096"])
+    with pytest.raises(ValueError, match="medusa head drafts over its own vocabulary"):
+        compose(["head=medusa", "head.own_lm_head=true", "eval.draft_vocab_size=64"])
+    assert compose(["head=hydra", "eval.draft_vocab_size=64"]).eval.draft_vocab_size == 64
+
+
 def test_recipe_heads_share_data_and_budget() -> None:
     """The four SmolLM2 head experiments train on one collection with one training budget."""
     cfgs = [compose([f"experiment=smollm2_{h}"]) for h in ("eagle3", "eagle1", "medusa", "hydra")]
