@@ -254,13 +254,10 @@ class Config:
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device={self.device!r}: expected 'cpu' or 'cuda[:n]'")
         # checked here, not at eval time, so `draftsmith run` refuses it before hours of training
-        name = getattr(self.head, "name", None)
-        if self.eval.draft_vocab_size and (
-            name == "eagle3" or getattr(self.head, "own_lm_head", 0)
-        ):
+        if self.eval.draft_vocab_size and not self.head.drafts_with_target_lm_head:
             raise ValueError(
-                f"eval.draft_vocab_size={self.eval.draft_vocab_size}: the {name} head drafts over "
-                "its own vocabulary (it applies to heads sharing the target's lm_head)"
+                f"eval.draft_vocab_size={self.eval.draft_vocab_size}: the {self.head.name} head "
+                "drafts over its own vocabulary (it applies to heads sharing the target's lm_head)"
             )
 
     def resolved_head_path(self) -> str:

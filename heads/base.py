@@ -177,6 +177,12 @@ class HeadConfig:
 
     name: str = ""
 
+    @property
+    def drafts_with_target_lm_head(self) -> bool:
+        """True when the head drafts through the target's full-vocabulary lm_head (EAGLE-1,
+        Medusa/Hydra sharing it), which inference can restrict to a frequent-token subset."""
+        return False
+
 
 def shifted(x: torch.Tensor, k: int, fill: float | int = 0) -> torch.Tensor:
     """x shifted left by k along dim 1 (position t gets x[t + k]); the tail is `fill`."""
@@ -268,9 +274,7 @@ class DraftHead(nn.Module, ABC):
 
     @property
     def drafts_with_target_lm_head(self) -> bool:
-        """True when drafting goes through the target's full-vocabulary lm_head (EAGLE-1,
-        Medusa/Hydra sharing it), which inference can restrict to a frequent-token subset."""
-        return False
+        return self.config.drafts_with_target_lm_head
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (the identity unless the head has its own vocab)."""

@@ -35,6 +35,10 @@ class Eagle1Config(HeadConfig):
     ttt_steps: int = 1
     step_decay: float = 0.8
 
+    @property
+    def drafts_with_target_lm_head(self) -> bool:
+        return True
+
     def __post_init__(self) -> None:
         if self.num_layers < 1 or self.ttt_steps < 1:
             raise ValueError("num_layers and ttt_steps must be >= 1")
@@ -61,10 +65,6 @@ class Eagle1Head(AutoregressiveHead):
 
     def fuse(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.cat([embeds, hidden], dim=-1))
-
-    @property
-    def drafts_with_target_lm_head(self) -> bool:
-        return True
 
     def draft_logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
         return self.parts.lm_head(hidden_out)

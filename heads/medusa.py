@@ -38,6 +38,10 @@ class MedusaConfig(HeadConfig):
     # loss weight of head k is step_decay^k
     step_decay: float = 0.8
 
+    @property
+    def drafts_with_target_lm_head(self) -> bool:
+        return not self.own_lm_head
+
     def __post_init__(self) -> None:
         if self.num_heads < 1 or self.num_layers < 1:
             raise ValueError("num_heads and num_layers must be >= 1")
@@ -65,10 +69,6 @@ class MedusaHead(DraftHead):
     @property
     def depth(self) -> int:
         return self.config.num_heads
-
-    @property
-    def drafts_with_target_lm_head(self) -> bool:
-        return not self.config.own_lm_head
 
     def head_logits(self, k: int, states: torch.Tensor) -> torch.Tensor:
         """Head-k output states [.., H] -> logits over the target vocabulary [.., V]."""
