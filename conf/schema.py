@@ -194,6 +194,10 @@ class EvalConfig:
     # run's prepared data instead (far cheaper per expansion; exactness is unchanged). This run's
     # head must be one of them; its results folder name ends in -v<N>.
     draft_vocab_size: int = 0
+    # torch.compile the target for every method (vanilla, lookup and speculative run the same
+    # compiled forward); compiling happens in an untimed warm-up decode of the first prompt by
+    # each method. Results folder name ends in -compiled.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for b in self.baselines:

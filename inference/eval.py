@@ -28,7 +28,13 @@ from draftsmith.inference.decoder import DecodeStats, SpecDecoder
 from draftsmith.inference.report import write_report, write_sweep_summary
 from draftsmith.inference.tree import TreeSpec
 from draftsmith.inference.verify import Sampling
-from draftsmith.target import load_target, load_tokenizer, target_name, torch_dtype
+from draftsmith.target import (
+    compile_target,
+    load_target,
+    load_tokenizer,
+    target_name,
+    torch_dtype,
+)
 from draftsmith.tracking import Tracker
 from draftsmith.train.prepare import answer_token_counts
 
@@ -135,35 +141,46 @@ def evaluate(cfg: Config) -> dict[str, dict]:
         gen_kwargs.update(temperature=e.temperature, top_p=e.top_p, top_k=e.top_k)
     by_run = {c.run: c for c in contenders}
     methods = [*by_run, *e.baselines]
+
+    def decode(method: str, index: int) -> tuple[list[int], DecodeStats | None]:
+        torch.manual_seed(cfg.seed + index)
+        if method in by_run:
+            generator = torch.Generator().manual_seed(cfg.seed + index)
+            return by_run[method].decoder.generate(
+                prompts[index], e.max_new_tokens, sampling, eos, generator=generator
+            )
+        target.set_attn_implementation("sdpa")
+        extra = {"prompt_lookup_num_tokens": e.lookup_tokens} if method == "lookup" else {}
+        ids = torch.tensor([prompts[index]], device=cfg.device)
+        with torch.no_grad():
+            out = target.generate(ids, **gen_kwargs, **extra)[0, ids.shape[1] :].tolist()
+        return out, None
+
+    if e.compile:
+        compile_target(target)
+        for method in tqdm(methods, desc="compile (untimed warm-up)", unit="method"):
+            decode(method, 0)
     seconds = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)
-    for index, prompt in enumerate(tqdm(prompts, desc=f"eval {e.benchmark}", unit="prompt")):
+    for index in tqdm(range(len(prompts)), desc=f"eval {e.benchmark}", unit="prompt"):
         outputs: dict[str, list[int]] = {}
         # the order rotates per prompt so no method always runs first (warm caches, clocks)
         order = methods[index % len(methods) :] + methods[: index % len(methods)]
         for method in order:
-            torch.manual_seed(cfg.seed + index)
             t0 = time.perf_counter()
-            if method in by_run:
-                generator = torch.Generator().manual_seed(cfg.seed + index)
-                out, prompt_stats = by_run[method].decoder.generate(
-                    prompt, e.max_new_tokens, sampling, eos, generator=generator
-                )
-                by_run[method].stats.add(prompt_stats)
-            else:
-                target.set_attn_implementation("sdpa")
-                extra = {"prompt_lookup_num_tokens": e.lookup_tokens} if method == "lookup" else {}
-                ids = torch.tensor([prompt], device=cfg.device)
-                with torch.no_grad():
-                    out = target.generate(ids, **gen_kwargs, **extra)[0, len(prompt) :].tolist()
+            out, prompt_stats = decode(method, index)
             seconds[method] += time.perf_counter() - t0
+            if prompt_stats is not None:
+                by_run[method].stats.add(prompt_stats)
             tokens[method] += len(out)
             outputs[method] = out
         if sampling.greedy and "vanilla" in outputs:
             ref = outputs["vanilla"]
             for c in contenders:
                 if outputs[c.run] != ref:
-                    c.mismatches.append(_mismatch(target, prompt, outputs[c.run], ref, index))
+                    c.mismatches.append(
+                        _mismatch(target, prompts[index], outputs[c.run], ref, index)
+                    )
     rate = {m: tokens[m] / max(seconds[m], 1e-9) for m in methods}
     machine = machine_info(cfg)
     results = {}
@@ -213,7 +230,8 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
     t = tree or cfg.tree
     tag = cfg.eval.tag or f"{cfg.eval.benchmark}-{t.kind}-d{t.depth}-k{t.top_k}-n{t.total_tokens}"
     vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
-    return f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
+    tag = f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
+    return tag + ("-compiled" if cfg.eval.compile else "")
 
 
 def run(cfg: Config) -> dict:

@@ -50,6 +50,8 @@ def run_rows(
         tree = f"{t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']}"
         if r.get("draft_vocab_size"):  # drafted over a frequent-token subset of the target's
             tree += f" v{r['draft_vocab_size']}"
+        if e.get("compile"):  # every method ran the torch.compile'd target
+            tree += " compiled"
         speed = {k: f"{s[k]:.2f}x" if k in s else "-" for k in ("vs_vanilla", "vs_lookup")}
         # tau-only evals (no baselines) may share the cores with other jobs: no speed reported
         tok_s = f"{r['tokens_per_second']['speculative']:.1f}" if s else "-"

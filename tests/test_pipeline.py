@@ -103,6 +103,18 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     assert theirs["draft_vocab_size"] == 0 and theirs["decoded_with"] == ["tiny_medusa"]
     assert [r["status"] for r in run(compose(cut))["stages"]] == ["already complete"] * 5
 
+    # the same EAGLE-3 eval on a compiled target: every method runs the compiled forward, still
+    # lossless, in its own results folder next to the eager one
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    compiled = evaluate.run(compose([*overrides, "eval.compile=true", "tracking=none"]))
+    assert counters["stats"]["unique_graphs"] > graphs  # something was really compiled
+    assert compiled["eval"]["compile"] and compiled["mismatch"]["checked"]
+    assert compiled["mismatch"]["prompts"] == 0
+    assert compiled["tokens"]["speculative"] == compiled["tokens"]["vanilla"] > 0
+    assert len(list((out / "eval").glob("*-compiled/results.json"))) == 1
+
 
 def test_summary_prints_only_what_was_measured() -> None:
     """An eval without baselines (the quick preset) reports tau, no speedup or mismatch count."""

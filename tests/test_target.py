@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from draftsmith.assets import AssetError
-from draftsmith.target import load_target, load_tokenizer
+from draftsmith.features import FeatureCapture
+from draftsmith.target import compile_target, load_target, load_tokenizer
+from draftsmith.tiny import TINY_NAME
 
 
 def test_tiny_target_is_deterministic(make_tiny, tiny_target_dir: Path) -> None:
@@ -65,3 +67,22 @@ def test_uncached_asset_names_the_command(tmp_path: Path, monkeypatch: pytest.Mo
 def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(AssetError, match="could not load target"):
         load_target(str(tmp_path / "nowhere"))
+
+
+def test_compiled_target_captures_the_layers_each_head_asks_for() -> None:
+    """A compiled target keeps its forward hooks honest: an EAGLE-3 head hooking other layers
+    after an EAGLE-1 head still reads its own layers (dynamo recompiles instead of replaying the
+    first head's graph), with the same features as the eager target."""
+    eager, compiled = load_target(TINY_NAME), load_target(TINY_NAME)
+    compile_target(compiled)
+    for aux_layers, length in (([], 7), ([1], 9), ([1], 11), ([], 5)):
+        ids = torch.randint(0, 200, (1, length))
+        seen = []
+        for model in (eager, compiled):
+            with torch.no_grad(), FeatureCapture(model, aux_layers) as capture:
+                model(input_ids=ids)
+                seen.append((capture.hidden, capture.aux))
+        (hidden, aux), (hidden_c, aux_c) = seen
+        torch.testing.assert_close(hidden_c, hidden)
+        if aux_layers:
+            torch.testing.assert_close(aux_c, aux)
