@@ -54,6 +54,9 @@ head_run eagle3 'eval.heads=[cmp_eagle1,cmp_medusa,cmp_hydra]' 'stages=[eval]'
 # the three heads that draft through the target's 49k-token lm_head, drafting over the 4096 most
 # frequent answer tokens instead (EAGLE-3's draft vocabulary size), again alone on the machine
 head_run eagle1 eval.draft_vocab_size=4096 'eval.heads=[cmp_medusa,cmp_hydra]' 'stages=[eval]'
+# all four again on a compiled target (every method runs the torch.compile'd forward)
+head_run eagle1 eval.draft_vocab_size=4096 'eval.heads=[cmp_medusa,cmp_hydra,cmp_eagle3]' \
+  eval.compile=true 'stages=[eval]'
 evals_for_all eval.temperature=1.0
 evals_for_all eval.benchmark=heldout
 evals_for_all eval.benchmark=humaneval
