@@ -34,10 +34,13 @@ def run_rows(
             r["stage"]: f"{r['seconds'] / 60:.1f}" if r["seconds"] else "reused"
             for r in summary.get("stages", [])
         }
-        data = summary.get("data", {})
+        data, train = summary.get("data", {}), summary.get("train", {})
+        sim_tau = train.get("best_heldout_sim_tau")
         budget.append(
             f"| {run.name} | {data.get('tokens', {}).get('train', '?')} | "
-            f"{data.get('regenerated', '?')} | {summary.get('train', {}).get('steps', '?')} | "
+            f"{data.get('regenerated', '?')} | {train.get('steps', '?')} | "
+            + (f"{sim_tau:.3f}" if sim_tau else "-")
+            + " | "
             + " | ".join(minutes.get(s, "-") for s in STAGES)
             + " |"
         )
@@ -145,9 +148,9 @@ def main() -> None:
         "",
         "Training budget:",
         "",
-        "| run | train tokens | regenerated | steps | prepare min | collect min | train min | "
-        "eval min |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        "| run | train tokens | regenerated | steps | held-out simulated tau | prepare min | "
+        "collect min | train min | eval min |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
         *budgets,
         "",
     ]
