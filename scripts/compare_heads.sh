@@ -14,7 +14,9 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/venv.sh
 source scripts/venv.sh
 runs="$(realpath -m "${1:-runs/compare}")"
-parallel="${PARALLEL:-1}"
+# tau-only evals report no speed, so parallel lanes may share the cores (one thread each)
+# shellcheck source=scripts/lane.sh
+source scripts/lane.sh
 common=(runs_dir="$runs" data.limit="${LIMIT:-1000}" train.max_steps="${STEPS:-100}")
 tau_only=('eval.baselines=[]')
 
@@ -24,12 +26,6 @@ head_run() {  # head_run HEAD [overrides...]: train (if needed), eval and export
   local from=()
   [ "$head" = eagle3 ] || from=(inputs_from=cmp_eagle3)
   draftsmith run experiment="smollm2_$head" run_name="cmp_$head" "${from[@]}" "${common[@]}" "$@"
-}
-
-lane() {  # run a command in the background once fewer than PARALLEL are running
-  while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n; done
-  # tau-only evals report no speed, so parallel lanes may share the cores (one thread each)
-  if [ "$parallel" -gt 1 ]; then OMP_NUM_THREADS=1 "$@" & else "$@" & fi
 }
 
 evals_for_all() {  # evals_for_all [overrides...]: the same tau-only eval for every head
