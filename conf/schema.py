@@ -134,9 +134,14 @@ class TrainConfig:
     # train/head, or a foreign head `load_head` imports) instead of a random init; its shapes
     # must match `head`. The optimizer and lr schedule start fresh (resume=true continues a run)
     init_from: str | None = None
+    # positions the head learns to predict: "assistant" (the loss mask, as EAGLE does) or "all"
+    # real tokens (user turns and templates too: the target's features and top-1 exist there as
+    # well). Held-out evaluation always scores assistant tokens.
+    loss_on: str = "assistant"
 
     def __post_init__(self) -> None:
         _check(self.source, ("offline", "online"), "train.source")
+        _check(self.loss_on, ("assistant", "all"), "train.loss_on")
         _check(self.schedule, ("cosine", "linear", "constant"), "train.schedule")
         _check(self.nan_policy, ("stop", "skip"), "train.nan_policy")
 

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from draftsmith.config import compose
 from draftsmith.train import loop
+from draftsmith.train.data import batch_order
 
 TRAIN = [
     "train.eval_every=1000",
@@ -112,6 +113,24 @@ def test_init_from_starts_at_the_given_head(run_overrides) -> None:
                 ]
             )
         )
+
+
+def test_loss_on_all_trains_every_real_token(run_overrides) -> None:
+    """train.loss_on=all makes every real token a training target, not only assistant ones."""
+    common = [*run_overrides, "inputs_from=t", "train.max_steps=1", "train.log_every=1"]
+    common += ["train.save_every=1000"]
+    cfg = compose([*common, "run_name=all", "train.loss_on=all"])
+    _, _, sources, make_batch_for = loop.setup(cfg, 0)
+    rows = sources["train"]
+    first = batch_order(rows.lengths(), cfg.train.micro_batch_size, cfg.seed, 0)[0]
+    assistant = make_batch_for(rows)(first)
+    every = loop.loss_on_all(make_batch_for(rows))(first)
+    assert every.loss_mask.sum() == sum(rows.lengths()[i] for i in first)
+    assert assistant.loss_mask.sum() < every.loss_mask.sum()
+    loop.run(compose([*common, "run_name=asst"]))
+    loop.run(cfg)
+    root = runs_dir(run_overrides)
+    assert losses(root, "all")[1] != losses(root, "asst")[1]
 
 
 def _clean_env() -> dict[str, str]:

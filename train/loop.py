@@ -17,6 +17,7 @@ import contextlib
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -143,6 +144,8 @@ def run(cfg: Config) -> dict:
     train_rows, heldout_rows = sources["train"], sources["heldout"]
     train_batch, heldout_batch = make_batch_for(train_rows), make_batch_for(heldout_rows)
     t = cfg.train
+    if t.loss_on == "all":
+        train_batch = loss_on_all(train_batch)
     micro_per_step = t.grad_accum * world
     steps_per_epoch = (
         len(batch_order(train_rows.lengths(), t.micro_batch_size, cfg.seed, 0)) // micro_per_step
@@ -233,6 +236,21 @@ def run(cfg: Config) -> dict:
         print(f"train: {summary}")
     ds.barrier()
     return summary
+
+
+MakeBatch = Callable[[list[int]], HeadBatch]
+
+
+def loss_on_all(make_batch: MakeBatch) -> MakeBatch:
+    """Wrap a batch maker so every real token is a training target, not only assistant ones
+    (`train.loss_on=all`): the loss mask becomes the valid-token mask."""
+
+    def wrapped(idx: list[int]) -> HeadBatch:
+        batch = make_batch(idx)
+        batch.loss_mask = batch.valid().to(batch.loss_mask.dtype)
+        return batch
+
+    return wrapped
 
 
 def _gather(obj, world: int) -> list:
