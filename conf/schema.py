@@ -223,7 +223,8 @@ class Config:
     seed: int = 0
     # "cpu" or "cuda"
     device: str = "cpu"
-    # target compute dtype: float32 | bfloat16 | float16
+    # target compute dtype: float32 | bfloat16 | float16 | auto (bf16 where the device has bf16
+    # hardware, else fp32; resolved when the config is built, so runs record the real dtype)
     dtype: str = "float32"
     # "none" (local JSONL only) or "wandb"
     tracking: str = "none"
@@ -255,7 +256,11 @@ class Config:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check(self.dtype, ("float32", "bfloat16", "float16"), "dtype")
+        _check(self.dtype, ("float32", "bfloat16", "float16", "auto"), "dtype")
+        if self.dtype == "auto":
+            from draftsmith.target import native_dtype
+
+            self.dtype = native_dtype(self.device)
         _check(self.tracking, ("none", "wandb"), "tracking")
         _check(self.launcher, ("none", "deepspeed"), "launcher")
         for stage in self.stages:

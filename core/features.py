@@ -73,16 +73,19 @@ class FeatureCapture:
 @torch.no_grad()
 def extract_features(
     model: nn.Module,
-    input_ids: torch.Tensor,  # [B, T]
-    attention_mask: torch.Tensor | None = None,  # [B, T] 1 = real token
+    input_ids: torch.Tensor,  # [B, T] rows right-padded
     aux_layers: Sequence[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One no-grad target forward -> (hidden [B, T, H], aux [B, T, kH] or None).
 
-    Only the backbone runs: collection needs states, not logits. (`logits_to_keep=1` is no
-    substitute: for B > 1 its [B, 1, H] slice is not contiguous, and torch's matmul then copies
-    the [V, H] lm_head weight once per row; measured 2x slower than the whole forward on SmolLM2.)
+    Rows must be right-padded: under causal attention a real token never sees the padding after
+    it, so no padding mask is passed and SDPA takes its mask-free causal path (SmolLM2, 8x512
+    tokens: ~8% faster than with a [B, T] padding mask in bf16 on a Zen 4 CPU, the same in fp32 on
+    AVX2; features identical). Only the backbone
+    runs: collection needs states, not logits. (`logits_to_keep=1` is no substitute: for B > 1
+    its [B, 1, H] slice is not contiguous, and torch's matmul then copies the [V, H] lm_head
+    weight once per row; measured 2x slower than the whole forward on SmolLM2.)
     """
     with FeatureCapture(model, aux_layers) as capture:
-        backbone(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        backbone(model)(input_ids=input_ids, use_cache=False)
     return capture.hidden, capture.aux

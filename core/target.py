@@ -17,6 +17,17 @@ from draftsmith.tiny import TINY_NAME, tiny_target_path
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def native_dtype(device: str) -> str:
+    """The fastest exact-enough compute dtype here: bf16 on CUDA and on CPUs with bf16 hardware
+    (AVX512-BF16 or AMX), else fp32. Without that hardware torch emulates bf16 matmuls: measured
+    6.6x slower than fp32 on an AVX2-only EPYC (SmolLM2 prefill, 72 vs 475 tok/s)."""
+    if device.startswith("cuda"):
+        return "bfloat16"
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return "bfloat16"
+    return "float32"
+
+
 def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}")

@@ -21,10 +21,8 @@ def test_features_do_not_depend_on_batch_mates(tiny_target) -> None:
     alone_h, alone_a = extract_features(tiny_target, short, aux_layers=[1, 2, 3])
     ids = torch.zeros(2, 17, dtype=torch.long)
     ids[0] = long
-    ids[1, :9] = short
-    mask = torch.zeros(2, 17, dtype=torch.long)
-    mask[0], mask[1, :9] = 1, 1
-    batch_h, batch_a = extract_features(tiny_target, ids, mask, aux_layers=[1, 2, 3])
+    ids[1, :9] = short  # right-padded with token 0
+    batch_h, batch_a = extract_features(tiny_target, ids, aux_layers=[1, 2, 3])
     torch.testing.assert_close(batch_h[1, :9], alone_h[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(batch_a[1, :9], alone_a[0], rtol=1e-5, atol=1e-5)
     assert alone_a.shape[-1] == 3 * alone_h.shape[-1]

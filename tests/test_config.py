@@ -88,3 +88,16 @@ def test_cli_prints_the_config(capsys: pytest.CaptureFixture[str]) -> None:
     main(["train", "experiment=smollm2_medusa", "--cfg", "job"])
     out = capsys.readouterr().out
     assert "inputs_from: smollm2_eagle3" in out and "name: medusa" in out
+
+
+def test_auto_dtype_is_bf16_only_where_the_hardware_has_it(monkeypatch) -> None:
+    """`dtype=auto` resolves when the config is built, so every stage and record sees one dtype."""
+    import torch
+
+    assert compose(["dtype=auto", "device=cuda"]).dtype == "bfloat16"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    assert compose(["dtype=auto"]).dtype == "float32"  # emulated bf16 is slower than fp32
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert compose(["dtype=auto"]).dtype == "bfloat16"
+    assert compose(["experiment=quick"]).dtype == "bfloat16"

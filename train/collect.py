@@ -75,12 +75,10 @@ def collect_shard(
     target_parts = TargetParts.from_model(target)
     for batch in plan_batches(rows, lengths, cfg.collect.tokens_per_batch):
         width = max(lengths[i] for i in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        attention = torch.zeros(len(batch), width, dtype=torch.long)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)  # right-padded
         for r, i in enumerate(batch):
             ids[r, : lengths[i]] = torch.tensor(dataset[i]["input_ids"])
-            attention[r, : lengths[i]] = 1
-        hidden, aux = extract_features(target, ids.to(device), attention.to(device), aux_layers)
+        hidden, aux = extract_features(target, ids.to(device), aux_layers)
         top = target_parts.top_tokens(hidden)  # the target's own greedy labels, in its dtype
         for r, i in enumerate(batch):
             n = lengths[i]

@@ -157,14 +157,13 @@ def online_batch(
     """Tokens -> HeadBatch with features from one no-grad target forward."""
     width = max(r["input_ids"].shape[0] for r in rows)
     B = len(rows)
-    ids = torch.zeros(B, width, dtype=torch.long)
+    ids = torch.zeros(B, width, dtype=torch.long)  # right-padded
     mask = torch.zeros(B, width)
-    attention = torch.zeros(B, width, dtype=torch.long)
     for b, r in enumerate(rows):
         n = r["input_ids"].shape[0]
-        ids[b, :n], mask[b, :n], attention[b, :n] = r["input_ids"], r["loss_mask"].float(), 1
+        ids[b, :n], mask[b, :n] = r["input_ids"], r["loss_mask"].float()
     device = next(target.parameters()).device
-    hidden, aux = extract_features(target, ids.to(device), attention.to(device), aux_layers)
+    hidden, aux = extract_features(target, ids.to(device), aux_layers)
     top = TargetParts.from_model(target).top_tokens(hidden).cpu()
-    lengths = attention.sum(1)
+    lengths = torch.tensor([r["input_ids"].shape[0] for r in rows])
     return HeadBatch(ids, mask, hidden.to(dtype).cpu(), aux.to(dtype).cpu(), lengths, top)
