@@ -6,6 +6,7 @@ stage agrees on dtype handling, `trust_remote_code` (off unless asked) and error
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 
@@ -26,6 +27,14 @@ def native_dtype(device: str) -> str:
     if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
         return "bfloat16"
     return "float32"
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The keyword a causal LM's forward takes its KV cache by. transformers 5.24 renamed
+    `past_key_values` to `cache` (the old name warns and goes in 5.40); older releases, which
+    `transformers>=4.56` still allows, only know `past_key_values`."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -32,6 +32,7 @@ from draftsmith.inference.tree import (
     topk_choices,
 )
 from draftsmith.inference.verify import Sampling, accept, pick
+from draftsmith.target import cache_kwarg
 
 
 @dataclass
@@ -114,11 +115,10 @@ class SpecDecoder:
         stats = DecodeStats()
         device = next(self.target.parameters()).device
         cache = DynamicCache(config=self.target.config)
+        kv = {cache_kwarg(self.target): cache}
         ids = torch.tensor([prompt], device=device)
         with FeatureCapture(self.target, self.aux_layers) as capture:
-            out = self.target(
-                input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1
-            )
+            out = self.target(input_ids=ids, **kv, use_cache=True, logits_to_keep=1)
             root = pick(out.logits[0, -1], sampling, generator)
             self.drafter.reset()
             self.drafter.commit(
@@ -138,7 +138,7 @@ class SpecDecoder:
                     input_ids=tree.tokens[None].to(device),
                     position_ids=(n + tree.depths)[None].to(device),
                     attention_mask=mask[None, None].to(device),
-                    past_key_values=cache,
+                    **kv,
                     use_cache=True,
                 )
                 path, bonus = accept(tree, out.logits[0].float().cpu(), sampling, generator)

@@ -25,6 +25,7 @@ from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper
 from draftsmith.conf.schema import RegenConfig
 from draftsmith.conversations import Conversation, Turn
 from draftsmith.files import write_text_atomic
+from draftsmith.target import cache_kwarg
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
 
@@ -70,6 +71,7 @@ def _generate_dropping(target, tokenizer, prompts: list[list[int]], cfg: RegenCo
     if cfg.temperature > 0:
         warp += [TemperatureLogitsWarper(cfg.temperature), TopPLogitsWarper(cfg.top_p)]
     cache = DynamicCache(config=target.config)
+    kv = {cache_kwarg(target): cache}
     rows = torch.arange(len(prompts), device=ids.device)  # [b] prompt index of each live row
     answers: list[list[int]] = [[] for _ in prompts]
     eos = tokenizer.eos_token_id
@@ -80,7 +82,7 @@ def _generate_dropping(target, tokenizer, prompts: list[list[int]], cfg: RegenCo
                 input_ids=step_ids,
                 attention_mask=mask,
                 position_ids=step_pos,
-                past_key_values=cache,
+                **kv,
                 use_cache=True,
                 logits_to_keep=1,
             )
