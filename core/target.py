@@ -30,9 +30,9 @@ def native_dtype(device: str) -> str:
 
 
 def cache_kwarg(model: torch.nn.Module) -> str:
-    """The keyword a causal LM's forward takes its KV cache by. transformers 5.24 renamed
-    `past_key_values` to `cache` (the old name warns and goes in 5.40); older releases, which
-    `transformers>=4.56` still allows, only know `past_key_values`."""
+    """The keyword a causal LM's forward takes its KV cache by. Recent transformers (5.24
+    here) renamed `past_key_values` to `cache` (the old name warns and goes in 5.40); older
+    releases, which `transformers>=4.56` still allows, only know `past_key_values`."""
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
