@@ -138,7 +138,7 @@ def test_prepare_with_regeneration_resumes(tmp_path: Path, monkeypatch) -> None:
     assert len(list((out / "regen/train").glob("chunk_*.jsonl"))) == 8
 
 
-@pytest.mark.filterwarnings("error::FutureWarning")  # the deprecated KV cache keyword
+@pytest.mark.filterwarnings("error:`past_key_values`:FutureWarning")  # deprecated keyword
 def test_regeneration_engines_give_the_targets_greedy_answers(tiny_target, tiny_tokenizer) -> None:
     """Every regeneration engine gives the target's own greedy answers, prompt for prompt, also
     when rows end at EOS at different steps (the padded engine then drops them from the batch)."""
