@@ -156,9 +156,9 @@ class SpecDecoder:
                 _count_depths(stats, tree.depth, len(path) - 1)
                 n += len(path)
                 root = bonus
-                for i, token in enumerate(new):  # stop at the first EOS
+                for i, token in enumerate(new):  # stop at the first EOS, even an accepted draft
                     if token in eos:
-                        new = new[: i + 1]
+                        new, root = new[: i + 1], token  # root in eos ends the loop
                         break
                 generated.extend(new)
                 if on_tokens:

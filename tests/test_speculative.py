@@ -10,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftsmith.heads import TargetInfo, TargetParts, build_head
 from draftsmith.inference.decoder import SpecDecoder, TreeSpec
+from draftsmith.inference.tree import Tree
 from draftsmith.inference.verify import Sampling
 
 HEADS = {
@@ -119,6 +120,34 @@ def test_flash_backend_refuses_cleanly_without_cuda(tiny_target) -> None:
 def test_medusa_tree_deeper_than_heads_is_refused(tiny_target) -> None:
     with pytest.raises(ValueError, match="exceeds"):
         SpecDecoder(tiny_target, untrained("medusa", tiny_target), TreeSpec(kind="chain", depth=5))
+
+
+def test_stops_at_an_eos_accepted_inside_a_draft(tiny_target, references) -> None:
+    """An oracle drafts the target's own greedy chain, so an EOS arrives as an accepted draft
+    token, not as the bonus token: decoding must stop there, as the target's generate does."""
+    prompt, expected = references[0]
+    depth = 4  # each step commits 4 drafts + 1 bonus: positions k with k % 5 == 0 are bonuses
+    k = next(  # an EOS that is a draft and is not also the step's bonus token
+        k
+        for k in range(1, len(expected) - 5)
+        if k % 5 and expected[k] not in expected[:k] + expected[k + 1 : k + 6]
+    )
+    decoder = SpecDecoder(tiny_target, untrained("eagle1", tiny_target), TREES["chain"])
+    done = [0]  # tokens committed so far
+
+    def oracle(root: int) -> Tree:
+        tokens = torch.tensor([root, *expected[done[0] : done[0] + depth]])  # [N]
+        n = tokens.numel()
+        return Tree(tokens, torch.arange(n) - 1, torch.arange(n), torch.ones(n, n).tril().bool())
+
+    decoder.build_tree = oracle
+    on_tokens = lambda chunk: done.__setitem__(0, done[0] + len(chunk))  # noqa: E731
+    out, stats = decoder.generate(prompt, 48, eos_token_ids={expected[k]}, on_tokens=on_tokens)
+    hf = tiny_target.generate(
+        torch.tensor([prompt]), max_new_tokens=48, do_sample=False, eos_token_id=expected[k]
+    )[0, len(prompt) :].tolist()
+    assert out == hf == expected[: k + 1]
+    assert stats.tau > 1.0  # the drafts really were accepted
 
 
 def test_sampling_keeps_the_target_distribution() -> None:
