@@ -43,8 +43,20 @@ def results_markdown(r: dict) -> str:
     if m["checked"]:
         lines.append(
             f"Greedy mismatches against vanilla: {m['prompts']} of {r['prompts']} prompts."
+            + divergence_summary(m["details"])
         )
     return "\n".join(lines) + "\n"
+
+
+def divergence_summary(details: list[dict]) -> str:
+    """Where greedy mismatches start: the largest top-2 logit gap there (small = a near-tie the
+    multi-token forward rounds the other way), and any output that ran on past vanilla's end
+    (no gap: not numerics)."""
+    gaps = [d["top2_gap"] for d in details if d["top2_gap"] is not None]
+    text = f" Largest top-2 logit gap where one starts: {max(gaps):.3g}." if gaps else ""
+    if past := len(details) - len(gaps):
+        text += f" {past} ran on past the end of vanilla's output."
+    return text
 
 
 def write_report(results: dict, out: Path) -> None:

@@ -153,6 +153,18 @@ def test_sweep_summary_marks_missing_baselines(tmp_path: Path) -> None:
     assert (tmp_path / "tree_sweep.png").exists()
 
 
+def test_divergence_summary_tells_near_ties_from_overruns() -> None:
+    """A mismatch with a top-2 gap is numerics evidence; one without ran past vanilla's end."""
+    from draftsmith.inference.report import divergence_summary
+
+    details = [{"top2_gap": 0.125}, {"top2_gap": 0.0625}, {"top2_gap": None}]
+    assert divergence_summary(details) == (
+        " Largest top-2 logit gap where one starts: 0.125."
+        " 1 ran on past the end of vanilla's output."
+    )
+    assert divergence_summary([]) == ""
+
+
 def test_eval_heads_must_not_repeat_a_run() -> None:
     """A run named twice would share one entry of the rotation; refused before any model loads."""
     from draftsmith.inference.eval import evaluate
