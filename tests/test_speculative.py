@@ -126,23 +126,26 @@ def test_stops_at_an_eos_accepted_inside_a_draft(tiny_target, references) -> Non
     """An oracle drafts the target's own greedy chain, so an EOS arrives as an accepted draft
     token, not as the bonus token: decoding must stop there, as the target's generate does."""
     prompt, expected = references[0]
-    depth = 4  # each step commits 4 drafts + 1 bonus: positions k with k % 5 == 0 are bonuses
+    depth = TREES["chain"].depth  # a step commits `depth` drafts + 1 bonus token
+    step = depth + 1  # positions k with k % step == 0: the prefill token and the bonus tokens
     k = next(  # an EOS that is a draft and is not also the step's bonus token
         k
-        for k in range(1, len(expected) - 5)
-        if k % 5 and expected[k] not in expected[:k] + expected[k + 1 : k + 6]
+        for k in range(1, len(expected) - step)
+        if k % step and expected[k] not in expected[:k] + expected[k + 1 : k + step + 1]
     )
     decoder = SpecDecoder(tiny_target, untrained("eagle1", tiny_target), TREES["chain"])
-    done = [0]  # tokens committed so far
+    committed: list[int] = []
 
     def oracle(root: int) -> Tree:
-        tokens = torch.tensor([root, *expected[done[0] : done[0] + depth]])  # [N]
+        done = len(committed)
+        tokens = torch.tensor([root, *expected[done : done + depth]])  # [N]
         n = tokens.numel()
         return Tree(tokens, torch.arange(n) - 1, torch.arange(n), torch.ones(n, n).tril().bool())
 
     decoder.build_tree = oracle
-    on_tokens = lambda chunk: done.__setitem__(0, done[0] + len(chunk))  # noqa: E731
-    out, stats = decoder.generate(prompt, 48, eos_token_ids={expected[k]}, on_tokens=on_tokens)
+    out, stats = decoder.generate(
+        prompt, 48, eos_token_ids={expected[k]}, on_tokens=committed.extend
+    )
     hf = tiny_target.generate(
         torch.tensor([prompt]), max_new_tokens=48, do_sample=False, eos_token_id=expected[k]
     )[0, len(prompt) :].tolist()
