@@ -1,9 +1,10 @@
 """Speculative decoding with a draft head and a draft tree, verified by one target forward.
 
-Per step: the head drafts a tree rooted at the newest token; the target reads every node at once
-(tree attention mask, positions = prefix + depth); the longest acceptable path plus one bonus
-token is committed; the target's KV cache keeps exactly that path; the head is re-fed the
-target's true features of the accepted tokens. Batch size 1 per sequence, as in EAGLE.
+Per step: the head drafts a tree rooted at the newest token (optionally with a prompt-lookup
+branch grafted in); the target reads every node at once (tree attention mask, positions =
+prefix + depth); the longest acceptable path plus one bonus token is committed; the target's KV
+cache keeps exactly that path; the head is re-fed the target's true features of the accepted
+tokens. Batch size 1 per sequence, as in EAGLE.
 
 tau (acceptance length) = tokens produced by verification steps / verification forwards; the
 first token comes from the prefill and is counted in neither.
@@ -23,12 +24,14 @@ from draftsmith.heads import DraftHead
 from draftsmith.inference.attention import use_tree_attention
 from draftsmith.inference.cache import keep_accepted
 from draftsmith.inference.drafter import make_drafter
+from draftsmith.inference.lookup import prompt_lookup
 from draftsmith.inference.tree import (
     StaticTree,
     Tree,
     TreeSpec,
     build_dynamic_tree,
     chain_choices,
+    graft_chain,
     topk_choices,
 )
 from draftsmith.inference.verify import Sampling, accept, pick
@@ -92,11 +95,17 @@ class SpecDecoder:
         if limit is not None and depth is not None and depth > limit:
             raise ValueError(f"tree depth {depth} exceeds the {head.name} head's {limit} heads")
 
-    def build_tree(self, root: int) -> Tree:
-        if self.static is not None:
-            return self.static.build(self.drafter, root)
+    def build_tree(self, root: int, context: list[int] | None = None) -> Tree:
+        """The head's tree below `root`; with `spec.lookup`, plus the prompt-lookup continuation
+        of `context` (prompt + output so far, `root` last)."""
         s = self.spec
-        return build_dynamic_tree(self.drafter, root, s.depth, s.top_k, s.total_tokens)
+        chain = prompt_lookup(torch.tensor(context), s.lookup) if s.lookup and context else None
+        if self.static is not None:
+            tree = self.static.build(self.drafter, root)
+        else:
+            nodes = s.total_tokens - (0 if chain is None else chain.numel())
+            tree = build_dynamic_tree(self.drafter, root, s.depth, s.top_k, nodes)
+        return tree if chain is None else graft_chain(tree, chain)
 
     @torch.no_grad()
     def generate(
@@ -130,7 +139,7 @@ class SpecDecoder:
             n = len(prompt)
             while len(generated) < max_new_tokens and root not in eos:
                 t0 = time.perf_counter()
-                tree = self.build_tree(root)
+                tree = self.build_tree(root, [*prompt, *generated])
                 t1 = time.perf_counter()
                 mask = torch.ones(tree.size, n + tree.size, dtype=torch.bool)
                 mask[:, n:] = tree.ancestors

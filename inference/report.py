@@ -32,7 +32,9 @@ def results_markdown(r: dict) -> str:
         f"{r['prompts']} prompts, {r['eval']['max_new_tokens']} new tokens, "
         f"T={r['eval']['temperature']}, {r['machine']['dtype']}, tree {r['tree']['kind']} "
         f"(depth {r['tree']['depth']}, top-k {r['tree']['top_k']}, "
-        f"{r['tree']['total_tokens']} nodes)",
+        f"{r['tree']['total_tokens']} nodes"
+        + (f", prompt-lookup branch of {r['tree']['lookup']}" if r["tree"].get("lookup") else "")
+        + ")",
         "",
         f"tau = **{r['tau']:.2f}** over {r['verify_forwards']} verification forwards; "
         f"acceptance by depth: {depth}",
@@ -91,18 +93,18 @@ def write_sweep_summary(folder: Path) -> None:
         # "-": that baseline was not run (e.g. a speculative-only eval)
         s = {k: f"{v:.2f}x" for k, v in r["speedup"].items()}
         lines.append(
-            f"| {name} | {r['tree']['kind']} d{r['tree']['depth']} k{r['tree']['top_k']} | "
+            f"| {name} | {_kind(r['tree'])} d{r['tree']['depth']} k{r['tree']['top_k']} | "
             f"{r['tree']['total_tokens']} | {r['eval']['temperature']} | {r['tau']:.2f} | "
             f"{s.get('vs_vanilla', '-')} | {s.get('vs_lookup', '-')} |"
         )
     write_text_atomic(folder / "summary.md", "\n".join(lines) + "\n")
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    for kind in sorted({r["tree"]["kind"] for _, r in runs}):
+    for kind in sorted({_kind(r["tree"]) for _, r in runs}):
         pts = sorted(
             (
                 (r["tree"]["total_tokens"], r["tau"], r["speedup"].get("vs_vanilla"))
                 for _, r in runs
-                if r["tree"]["kind"] == kind
+                if _kind(r["tree"]) == kind
             ),
             key=lambda p: p[0],
         )
@@ -117,3 +119,8 @@ def write_sweep_summary(folder: Path) -> None:
     fig.tight_layout()
     fig.savefig(folder / "tree_sweep.png", dpi=120)
     plt.close(fig)
+
+
+def _kind(tree: dict) -> str:
+    """The tree kind, with its prompt-lookup branch if any (older results have no such key)."""
+    return tree["kind"] + (f"+lookup{tree['lookup']}" if tree.get("lookup") else "")

@@ -67,12 +67,21 @@ class TreeSpec:
     choices: list[list[int]] = field(default_factory=list)
     # target tree-attention backend: sdpa | flex | flash (CUDA)
     attention: str = "sdpa"
+    # tokens of a prompt-lookup continuation (inference/lookup.py) grafted below the root,
+    # 0 = off; a dynamic tree gives up as many head nodes, so total_tokens still bounds it (a
+    # static or chain tree grows by up to `lookup` nodes)
+    lookup: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in ("dynamic", "static", "chain"):
             raise ValueError(f"tree.kind={self.kind!r}: expected dynamic, static or chain")
         if self.attention not in ("sdpa", "flex", "flash"):
             raise ValueError(f"tree.attention={self.attention!r}: expected sdpa, flex or flash")
+        if self.lookup < 0 or (self.kind == "dynamic" and self.lookup >= self.total_tokens - 1):
+            raise ValueError(
+                f"tree.lookup={self.lookup}: expected >= 0, and for a dynamic tree fewer than "
+                f"total_tokens - 1 = {self.total_tokens - 1} (the head keeps the other nodes)"
+            )
 
 
 class _Builder:
@@ -186,6 +195,32 @@ class StaticTree:
             scores = tree.scores[parents] + top.values[rows, ranks].float()
             tree.add(parents, tokens, scores)
         return tree.view()
+
+
+def graft_chain(tree: Tree, chain: torch.Tensor) -> Tree:
+    """`tree` with the path `chain` [C] (target ids) below its root. The chain follows existing
+    nodes while their tokens match (siblings stay distinct) and the rest is appended as new
+    nodes, after all others, so the tree stays parents-first."""
+    node, shared = 0, 0
+    for token in chain.tolist():  # C is a few tokens; each step one [N] comparison
+        child = ((tree.parents == node) & (tree.tokens == token)).nonzero().flatten()
+        if child.numel() == 0:
+            break
+        node, shared = int(child[0]), shared + 1
+    rest = chain[shared:]  # [R]
+    n, r = tree.size, rest.numel()
+    if r == 0:
+        return tree
+    ancestors = torch.zeros(n + r, n + r, dtype=torch.bool)
+    ancestors[:n, :n] = tree.ancestors
+    ancestors[n:, :n] = tree.ancestors[node]
+    ancestors[n:, n:] = torch.ones(r, r, dtype=torch.bool).tril()
+    return Tree(
+        torch.cat([tree.tokens, rest]),
+        torch.cat([tree.parents, torch.tensor([node]), torch.arange(n, n + r - 1)]),
+        torch.cat([tree.depths, tree.depths[node] + torch.arange(1, r + 1)]),
+        ancestors,
+    )
 
 
 def chain_choices(depth: int) -> list[list[int]]:

@@ -51,6 +51,8 @@ def run_rows(
         depth = " ".join(f"{a:.2f}" for a in r["depth_acceptance"][:6])
         mism = f"{r['mismatch']['prompts']}/{r['prompts']}" if r["mismatch"]["checked"] else "-"
         tree = f"{t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']}"
+        if t.get("lookup"):  # a prompt-lookup branch of that many tokens was grafted in
+            tree += f" +lookup{t['lookup']}"
         if r.get("draft_vocab_size"):  # drafted over a frequent-token subset of the target's
             tree += f" v{r['draft_vocab_size']}"
         if e.get("compile"):  # every method ran the torch.compile'd target

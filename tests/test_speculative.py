@@ -23,6 +23,9 @@ TREES = {
     "dynamic": TreeSpec(kind="dynamic", depth=4, top_k=3, total_tokens=10),
     "static": TreeSpec(kind="static", depth=3, top_k=3, total_tokens=9),
     "chain": TreeSpec(kind="chain", depth=4),
+    # a prompt-lookup branch grafted in (the tiny target loops, so it is often accepted)
+    "dynamic+lookup": TreeSpec(kind="dynamic", depth=4, top_k=3, total_tokens=10, lookup=4),
+    "static+lookup": TreeSpec(kind="static", depth=3, top_k=3, total_tokens=9, lookup=3),
 }
 
 
@@ -136,7 +139,7 @@ def test_stops_at_an_eos_accepted_inside_a_draft(tiny_target, references) -> Non
     decoder = SpecDecoder(tiny_target, untrained("eagle1", tiny_target), TREES["chain"])
     committed: list[int] = []
 
-    def oracle(root: int) -> Tree:
+    def oracle(root: int, context: list[int]) -> Tree:
         done = len(committed)
         tokens = torch.tensor([root, *expected[done : done + depth]])  # [N]
         n = tokens.numel()
@@ -155,7 +158,9 @@ def test_stops_at_an_eos_accepted_inside_a_draft(tiny_target, references) -> Non
 
 def test_sampling_keeps_the_target_distribution() -> None:
     """Joint law of the first two generated tokens (prefill sample, then the first verified
-    token) on an 8-token vocabulary, against the exact target probabilities."""
+    token) on an 8-token vocabulary, against the exact target probabilities. A prompt-lookup
+    branch joins the tree when the first token repeats a prompt token (3 of 8), so draws with
+    and without it are both in the sample."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=8,
@@ -170,7 +175,7 @@ def test_sampling_keeps_the_target_distribution() -> None:
     with torch.no_grad():
         target.lm_head.weight.mul_(8.0)  # peaked but not degenerate distributions
     head = untrained("eagle1", target)
-    spec = TreeSpec(kind="dynamic", depth=2, top_k=2, total_tokens=5)
+    spec = TreeSpec(kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2)
     decoder = SpecDecoder(target, head, spec)
     sampling = Sampling(temperature=0.9, top_k=6)
     prompt = [1, 5, 2]

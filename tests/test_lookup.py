@@ -1,0 +1,75 @@
+"""The prompt-lookup branch: the same proposals as transformers' prompt lookup, grafted into a
+draft tree without duplicate siblings, and accepted by the target (losslessness is tested with
+the other trees in test_speculative.py)."""
+
+from __future__ import annotations
+
+import torch
+from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+from draftsmith.inference.decoder import SpecDecoder, TreeSpec
+from draftsmith.inference.lookup import prompt_lookup
+from draftsmith.inference.tree import Tree, graft_chain
+
+
+def test_proposes_what_transformers_prompt_lookup_proposes() -> None:
+    g = torch.Generator().manual_seed(0)
+    hf = PromptLookupCandidateGenerator(num_output_tokens=5, max_length=10**6)
+    found = 0
+    for length in range(1, 60):
+        context = torch.randint(0, 6, (length,), generator=g)  # small vocab: many repeats
+        ours = prompt_lookup(context, 5)
+        theirs = hf.get_candidates(context[None])[0][0, length:]
+        assert torch.equal(ours, theirs), (context.tolist(), ours.tolist(), theirs.tolist())
+        found += ours.numel() > 0
+    assert found > 40  # the cases with a match were compared too
+    assert prompt_lookup(torch.tensor([3, 4, 5]), 5).numel() == 0  # no repeat, no proposal
+
+
+def _tree(tokens: list[int], parents: list[int]) -> Tree:
+    n = len(tokens)
+    ancestors = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            ancestors[i] |= ancestors[p]
+    depths = ancestors.sum(-1) - 1
+    return Tree(torch.tensor(tokens), torch.tensor(parents), depths, ancestors)
+
+
+def test_graft_shares_matching_nodes_and_appends_the_rest() -> None:
+    # root 9 -> {1 -> {3}, 2}
+    tree = _tree([9, 1, 2, 3], [-1, 0, 0, 1])
+    grafted = graft_chain(tree, torch.tensor([1, 4, 5]))  # follows node 1, then adds 4 -> 5
+    expected = _tree([9, 1, 2, 3, 4, 5], [-1, 0, 0, 1, 1, 4])
+    for name in ("tokens", "parents", "depths", "ancestors"):
+        assert torch.equal(getattr(grafted, name), getattr(expected, name)), name
+    assert graft_chain(tree, torch.tensor([1, 3])) is tree  # already in the tree: unchanged
+    fresh = graft_chain(tree, torch.tensor([7]))  # a new child of the root
+    assert fresh.parents.tolist() == [-1, 0, 0, 1, 0] and fresh.depths[-1] == 1
+
+
+def test_lookup_branch_is_accepted_and_budget_kept(tiny_target, tiny_tokenizer) -> None:
+    """A random tiny target loops, so its own output is the best lookup source: the branch must
+    raise tau of the same untrained head, on a tree of at most the same number of nodes."""
+    from tests.test_speculative import prompts, untrained
+
+    head = untrained("eagle3", tiny_target)
+    taus, sizes = [], []
+    for lookup in (0, 4):
+        spec = TreeSpec(depth=4, top_k=3, total_tokens=10, lookup=lookup)
+        decoder = SpecDecoder(tiny_target, head, spec)
+        build = decoder.build_tree
+
+        def recorded(*args, build=build) -> Tree:
+            tree = build(*args)
+            sizes.append(tree.size)
+            return tree
+
+        decoder.build_tree = recorded
+        forwards = tokens = 0
+        for prompt in prompts(tiny_tokenizer, 4):
+            _, stats = decoder.generate(prompt, 48)
+            forwards, tokens = forwards + stats.forwards, tokens + stats.verify_tokens
+        taus.append(tokens / forwards)
+    assert max(sizes) <= 10
+    assert taus[1] > taus[0] + 0.3, taus
