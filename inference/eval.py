@@ -229,6 +229,8 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
     a head's own, else cfg's)."""
     t = tree or cfg.tree
     tag = cfg.eval.tag or f"{cfg.eval.benchmark}-{t.kind}-d{t.depth}-k{t.top_k}-n{t.total_tokens}"
+    if t.lookup and not cfg.eval.tag:
+        tag += f"-lookup{t.lookup}"
     vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
     tag = f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
     return tag + ("-compiled" if cfg.eval.compile else "")

@@ -115,6 +115,13 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     assert compiled["tokens"]["speculative"] == compiled["tokens"]["vanilla"] > 0
     assert len(list((out / "eval").glob("*-compiled/results.json"))) == 1
 
+    # with a prompt-lookup branch in every tree: still lossless, in its own results folder
+    grafted = evaluate.run(compose([*overrides, "tree.lookup=3", "tracking=none"]))
+    assert grafted["tree"]["lookup"] == 3 and grafted["mismatch"]["checked"]
+    assert grafted["mismatch"]["prompts"] == 0
+    (folder,) = (out / "eval").glob("*-n16-lookup3-T0-*")
+    assert "prompt-lookup branch of 3" in (folder / "results.md").read_text()
+
 
 def test_summary_prints_only_what_was_measured() -> None:
     """An eval without baselines (the quick preset) reports tau, no speedup or mismatch count."""
