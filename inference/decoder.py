@@ -139,7 +139,8 @@ class SpecDecoder:
             n = len(prompt)
             while len(generated) < max_new_tokens and root not in eos:
                 t0 = time.perf_counter()
-                tree = self.build_tree(root, [*prompt, *generated])
+                # the context is copied for the lookup branch only: no per-step work without it
+                tree = self.build_tree(root, [*prompt, *generated] if self.spec.lookup else None)
                 t1 = time.perf_counter()
                 mask = torch.ones(tree.size, n + tree.size, dtype=torch.bool)
                 mask[:, n:] = tree.ancestors

@@ -4,7 +4,8 @@ The latest `max_ngram` tokens (then fewer) are searched for earlier in the promp
 tokens that followed the earliest match are a free draft, exact copies of the context being what
 a small head predicts worst (code, names, repeated phrases). The matching is the one transformers'
 prompt-lookup assisted generation does (`PromptLookupCandidateGenerator`), so the eval's
-prompt-lookup baseline and this branch propose the same tokens.
+prompt-lookup baseline and this branch propose the same tokens, up to their lengths (the baseline
+also cuts its proposal at an EOS; the decoder stops at one anyway).
 """
 
 from __future__ import annotations
