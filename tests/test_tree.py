@@ -10,6 +10,7 @@ from draftsmith.inference.attention import (
     dense_attention_lse,
     merge_attention,
     split_tree_attention,
+    use_tree_attention,
 )
 from draftsmith.inference.cache import keep_accepted
 from draftsmith.inference.tree import (
@@ -119,6 +120,38 @@ def test_split_attention_matches_dense_reference() -> None:
     full, _ = dense_attention_lse(q, k, v, None, 0.3)
     torch.testing.assert_close(merge_attention(oa, la, ob, lb), full, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(merge_attention(ob, lb, oa, la), full, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_backend_equals_transformers_sdpa_on_a_tree(dtype, tiny_target) -> None:
+    """Our sdpa backend only skips transformers' per-head KV copies (grouped heads: 4 query heads
+    on 2 KV heads): a tree forward must give the very same logits."""
+    prefix, tree = 9, StaticTree(topk_choices(3, 2, 6)).build(RandomExpander(), 3)
+    mask = torch.ones(tree.size, prefix + tree.size, dtype=torch.bool)
+    mask[:, prefix:] = tree.ancestors
+    ids = torch.arange(5, 5 + prefix)[None]
+    target = tiny_target.to(dtype)
+    logits = {}
+    try:
+        for backend in ("sdpa", "ours"):
+            if backend == "sdpa":
+                target.set_attn_implementation("sdpa")
+            else:
+                use_tree_attention(target, "sdpa")
+            cache = DynamicCache(config=target.config)
+            with torch.no_grad():
+                target(input_ids=ids, past_key_values=cache, use_cache=True)
+                logits[backend] = target(
+                    input_ids=tree.tokens[None],
+                    position_ids=(prefix + tree.depths)[None],
+                    attention_mask=mask[None, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                ).logits
+    finally:
+        target.to(torch.float32).set_attn_implementation("sdpa")
+    assert target.config._attn_implementation == "sdpa"
+    assert torch.equal(logits["sdpa"], logits["ours"])
 
 
 def test_keep_accepted_moves_path_behind_prefix() -> None:
