@@ -14,6 +14,9 @@ Asking for an unavailable backend is an error, never a silent switch.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
@@ -150,8 +153,9 @@ def flex_tree_attention(module, query, key, value, attention_mask, scaling=None,
     return out.transpose(1, 2).contiguous(), None
 
 
-def use_tree_attention(model: torch.nn.Module, backend: str) -> None:
-    """Switch `model` to the tree-attention backend `backend` (sdpa | flex | flash)."""
+def tree_backend(backend: str) -> str:
+    """The transformers attention name of tree backend `backend` (sdpa | flex | flash); an
+    unavailable one is an error."""
     if backend not in BACKENDS:
         raise ValueError(f"tree.attention={backend!r}: expected one of {sorted(BACKENDS)}")
     if backend == "flash":
@@ -162,7 +166,20 @@ def use_tree_attention(model: torch.nn.Module, backend: str) -> None:
                 "tree.attention=flash needs the flash-attn package (pip install 'draftsmith[gpu]') "
                 "and a CUDA device; use tree.attention=sdpa on CPU"
             ) from err
-    model.set_attn_implementation(BACKENDS[backend])
+    return BACKENDS[backend]
+
+
+@contextmanager
+def tree_attention(model: torch.nn.Module, backend: str) -> Iterator[None]:
+    """`model` on tree backend `backend` inside the block, on its own backend again after: the
+    target is shared (baselines, regeneration, other decoders), and our backends are for
+    unpadded batch-1 tree forwards only."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(tree_backend(backend))
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
 
 
 # Registered at import: the names resolve anywhere transformers looks up attention functions.

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from draftsmith.features import FeatureCapture
 from draftsmith.heads import DraftHead
-from draftsmith.inference.attention import use_tree_attention
+from draftsmith.inference.attention import tree_attention, tree_backend
 from draftsmith.inference.cache import keep_accepted
 from draftsmith.inference.drafter import make_drafter
 from draftsmith.inference.lookup import prompt_lookup
@@ -79,7 +79,7 @@ class SpecDecoder:
         draft_vocab: torch.Tensor | None = None,
     ) -> None:
         self.target, self.head, self.spec = target, head, tree
-        use_tree_attention(target, tree.attention)
+        tree_backend(tree.attention)  # an unavailable backend fails here, not mid-eval
         self.drafter = make_drafter(head, draft_vocab)
         self.aux_layers = list(getattr(head.config, "aux_layers", []) or [])
         depth = {"chain": tree.depth, "static": None, "dynamic": tree.depth}[tree.kind]
@@ -119,14 +119,16 @@ class SpecDecoder:
     ) -> tuple[list[int], DecodeStats]:
         """Decode one prompt; `on_tokens` streams each committed chunk."""
         sampling = sampling or Sampling()
-        use_tree_attention(self.target, self.spec.attention)  # callers may have switched it
         eos = eos_token_ids or set()
         stats = DecodeStats()
         device = next(self.target.parameters()).device
         cache = DynamicCache(config=self.target.config)
         kv = {cache_kwarg(self.target): cache}
         ids = torch.tensor([prompt], device=device)
-        with FeatureCapture(self.target, self.aux_layers) as capture:
+        with (
+            tree_attention(self.target, self.spec.attention),
+            FeatureCapture(self.target, self.aux_layers) as capture,
+        ):
             out = self.target(input_ids=ids, **kv, use_cache=True, logits_to_keep=1)
             root = pick(out.logits[0, -1], sampling, generator)
             self.drafter.reset()

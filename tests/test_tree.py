@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -10,7 +12,7 @@ from draftsmith.inference.attention import (
     dense_attention_lse,
     merge_attention,
     split_tree_attention,
-    use_tree_attention,
+    tree_attention,
 )
 from draftsmith.inference.cache import keep_accepted
 from draftsmith.inference.tree import (
@@ -131,27 +133,26 @@ def test_sdpa_backend_equals_transformers_sdpa_on_a_tree(dtype, tiny_target) -> 
     mask[:, prefix:] = tree.ancestors
     ids = torch.arange(5, 5 + prefix)[None]
     target = tiny_target.to(dtype)
-    logits = {}
+    logits = []
     try:
-        for backend in ("sdpa", "ours"):
-            if backend == "sdpa":
-                target.set_attn_implementation("sdpa")
-            else:
-                use_tree_attention(target, "sdpa")
+        for ours in (False, True):
             cache = DynamicCache(config=target.config)
-            with torch.no_grad():
+            with torch.no_grad(), tree_attention(target, "sdpa") if ours else nullcontext():
+                assert (target.config._attn_implementation == "draftsmith_sdpa") == ours
                 target(input_ids=ids, past_key_values=cache, use_cache=True)
-                logits[backend] = target(
-                    input_ids=tree.tokens[None],
-                    position_ids=(prefix + tree.depths)[None],
-                    attention_mask=mask[None, None],
-                    past_key_values=cache,
-                    use_cache=True,
-                ).logits
+                logits.append(
+                    target(
+                        input_ids=tree.tokens[None],
+                        position_ids=(prefix + tree.depths)[None],
+                        attention_mask=mask[None, None],
+                        past_key_values=cache,
+                        use_cache=True,
+                    ).logits
+                )
     finally:
-        target.to(torch.float32).set_attn_implementation("sdpa")
-    assert target.config._attn_implementation == "sdpa"
-    assert torch.equal(logits["sdpa"], logits["ours"])
+        target.to(torch.float32)
+    assert target.config._attn_implementation == "sdpa"  # back on its own backend
+    assert torch.equal(logits[0], logits[1])
 
 
 def test_keep_accepted_moves_path_behind_prefix() -> None:
