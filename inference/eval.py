@@ -149,7 +149,6 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             return by_run[method].decoder.generate(
                 prompts[index], e.max_new_tokens, sampling, eos, generator=generator
             )
-        target.set_attn_implementation("sdpa")
         extra = {"prompt_lookup_num_tokens": e.lookup_tokens} if method == "lookup" else {}
         ids = torch.tensor([prompts[index]], device=cfg.device)
         with torch.no_grad():
