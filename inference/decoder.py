@@ -100,12 +100,10 @@ class SpecDecoder:
         of `context` (prompt + output so far, `root` last)."""
         s = self.spec
         chain = prompt_lookup(torch.tensor(context), s.lookup) if s.lookup and context else None
-        if self.static is not None:
-            tree = self.static.build(self.drafter, root)
-        else:
-            nodes = s.total_tokens - (0 if chain is None else chain.numel())
-            tree = build_dynamic_tree(self.drafter, root, s.depth, s.top_k, nodes)
-        return tree if chain is None else graft_chain(tree, chain)
+        if self.static is None:
+            return build_dynamic_tree(self.drafter, root, s.depth, s.top_k, s.total_tokens, chain)
+        tree = self.static.build(self.drafter, root)
+        return tree if chain is None else graft_chain(tree, chain)[0]
 
     @torch.no_grad()
     def generate(

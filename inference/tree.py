@@ -38,6 +38,14 @@ class Tree:
         index = (on_path[:, None, :] & by_depth[None]).float().argmax(-1)  # [F, d+1]
         return self.tokens[index]
 
+    def select(self, keep: torch.Tensor) -> Tree:
+        """Sub-tree of nodes `keep` (ascending, closed under ancestors), re-indexed."""
+        remap = torch.full((self.size,), -1, dtype=torch.long)
+        remap[keep] = torch.arange(keep.numel())
+        parents = self.parents[keep]
+        parents = torch.where(parents >= 0, remap[parents.clamp_min(0)], parents)
+        return Tree(self.tokens[keep], parents, self.depths[keep], self.ancestors[keep][:, keep])
+
 
 class Expander(Protocol):
     """What a tree builder needs from a draft head (see inference/drafter.py)."""
@@ -68,8 +76,8 @@ class TreeSpec:
     # target tree-attention backend: sdpa | flex | flash (CUDA)
     attention: str = "sdpa"
     # tokens of a prompt-lookup continuation (inference/lookup.py) grafted below the root,
-    # 0 = off; a dynamic tree gives up as many head nodes, so total_tokens still bounds it (a
-    # static or chain tree grows by up to `lookup` nodes)
+    # 0 = off; a dynamic tree gives up a head node per chain token the head did not draft
+    # itself, so total_tokens still bounds it (a static or chain tree grows by up to `lookup`)
     lookup: int = 0
 
     def __post_init__(self) -> None:
@@ -113,21 +121,22 @@ class _Builder:
         n = self.size
         return Tree(self.tokens[:n], self.parents[:n], self.depths[:n], self.ancestors[:n, :n])
 
-    def select(self, keep: torch.Tensor) -> Tree:
-        """Sub-tree of nodes `keep` (ascending, closed under ancestors), re-indexed."""
-        remap = torch.full((self.size,), -1, dtype=torch.long)
-        remap[keep] = torch.arange(keep.numel())
-        parents = self.parents[keep]
-        parents = torch.where(parents >= 0, remap[parents.clamp_min(0)], parents)
-        return Tree(self.tokens[keep], parents, self.depths[keep], self.ancestors[keep][:, keep])
-
 
 def build_dynamic_tree(
-    expander: Expander, root_token: int, depth: int, top_k: int, total_tokens: int
+    expander: Expander,
+    root_token: int,
+    depth: int,
+    top_k: int,
+    total_tokens: int,
+    chain: torch.Tensor | None = None,
 ) -> Tree:
     """EAGLE-2: grow `depth` levels, expanding the top_k frontier nodes by cumulative log-prob,
     then keep the `total_tokens` best nodes (root included). A child never outscores its parent
-    (log-probs <= 0) and ties go to the lower index, so the kept set is closed under ancestors."""
+    (log-probs <= 0) and ties go to the lower index, so the kept set is closed under ancestors.
+
+    `chain` [C] (target ids, e.g. a prompt-lookup continuation) is grafted below the root and
+    always kept; where it follows the head's own drafts it costs no extra node, so the head keeps
+    `total_tokens - 1 - (C - shared)` of its best nodes rather than `total_tokens - 1 - C`."""
     capacity = 1 + top_k + (depth - 1) * top_k * top_k
     tree = _Builder(root_token, capacity)
     top = expander.root_logprobs().topk(top_k)
@@ -144,10 +153,15 @@ def build_dynamic_tree(
             scores.flatten(),
         )
         frontier = added[scores.flatten().topk(top_k).indices.sort().values]
+    full, scores = tree.view(), tree.scores[: tree.size]
+    if chain is not None:
+        full, leaf = graft_chain(full, chain)
+        scores = torch.cat([scores, scores.new_zeros(full.size - scores.numel())])
+        scores = scores.masked_fill(full.ancestors[leaf], float("inf"))  # the chain ranks first
     # stable sort: among equal scores the lower index (an ancestor, if any) ranks first
-    order = torch.sort(-tree.scores[1 : tree.size], stable=True).indices + 1
+    order = torch.sort(-scores[1:], stable=True).indices + 1
     keep = torch.cat([torch.zeros(1, dtype=torch.long), order[: total_tokens - 1].sort().values])
-    return tree.select(keep)
+    return full.select(keep)
 
 
 @dataclass
@@ -197,10 +211,10 @@ class StaticTree:
         return tree.view()
 
 
-def graft_chain(tree: Tree, chain: torch.Tensor) -> Tree:
-    """`tree` with the path `chain` [C] (target ids) below its root. The chain follows existing
-    nodes while their tokens match (siblings stay distinct) and the rest is appended as new
-    nodes, after all others, so the tree stays parents-first."""
+def graft_chain(tree: Tree, chain: torch.Tensor) -> tuple[Tree, int]:
+    """`tree` with the path `chain` [C] (target ids) below its root, and the chain's last node.
+    The chain follows existing nodes while their tokens match (siblings stay distinct) and the
+    rest is appended as new nodes, after all others, so the tree stays parents-first."""
     node, shared = 0, 0
     for token in chain.tolist():  # C is a few tokens; each step one [N] comparison
         child = ((tree.parents == node) & (tree.tokens == token)).nonzero().flatten()
@@ -210,17 +224,18 @@ def graft_chain(tree: Tree, chain: torch.Tensor) -> Tree:
     rest = chain[shared:]  # [R]
     n, r = tree.size, rest.numel()
     if r == 0:
-        return tree
+        return tree, node
     ancestors = torch.zeros(n + r, n + r, dtype=torch.bool)
     ancestors[:n, :n] = tree.ancestors
     ancestors[n:, :n] = tree.ancestors[node]
     ancestors[n:, n:] = torch.ones(r, r, dtype=torch.bool).tril()
-    return Tree(
+    grafted = Tree(
         torch.cat([tree.tokens, rest]),
         torch.cat([tree.parents, torch.tensor([node]), torch.arange(n, n + r - 1)]),
         torch.cat([tree.depths, tree.depths[node] + torch.arange(1, r + 1)]),
         ancestors,
     )
+    return grafted, n + r - 1
 
 
 def chain_choices(depth: int) -> list[list[int]]:

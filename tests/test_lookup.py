@@ -9,7 +9,7 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 
 from draftsmith.inference.decoder import SpecDecoder, TreeSpec
 from draftsmith.inference.lookup import prompt_lookup
-from draftsmith.inference.tree import Tree, graft_chain
+from draftsmith.inference.tree import Tree, build_dynamic_tree, graft_chain
 
 
 def test_proposes_what_transformers_prompt_lookup_proposes() -> None:
@@ -39,13 +39,42 @@ def _tree(tokens: list[int], parents: list[int]) -> Tree:
 def test_graft_shares_matching_nodes_and_appends_the_rest() -> None:
     # root 9 -> {1 -> {3}, 2}
     tree = _tree([9, 1, 2, 3], [-1, 0, 0, 1])
-    grafted = graft_chain(tree, torch.tensor([1, 4, 5]))  # follows node 1, then adds 4 -> 5
+    grafted, leaf = graft_chain(tree, torch.tensor([1, 4, 5]))  # follows node 1, adds 4 -> 5
     expected = _tree([9, 1, 2, 3, 4, 5], [-1, 0, 0, 1, 1, 4])
     for name in ("tokens", "parents", "depths", "ancestors"):
         assert torch.equal(getattr(grafted, name), getattr(expected, name)), name
-    assert graft_chain(tree, torch.tensor([1, 3])) is tree  # already in the tree: unchanged
-    fresh = graft_chain(tree, torch.tensor([7]))  # a new child of the root
-    assert fresh.parents.tolist() == [-1, 0, 0, 1, 0] and fresh.depths[-1] == 1
+    assert leaf == 5
+    assert graft_chain(tree, torch.tensor([1, 3])) == (tree, 3)  # already there: unchanged
+    fresh, leaf = graft_chain(tree, torch.tensor([7]))  # a new child of the root
+    assert fresh.parents.tolist() == [-1, 0, 0, 1, 0] and fresh.depths[-1] == 1 and leaf == 4
+
+
+def test_dynamic_tree_keeps_the_chain_and_spends_shared_nodes_on_the_head() -> None:
+    from tests.test_tree import RandomExpander, check_invariants
+
+    ex = RandomExpander()
+
+    def deepest_path(tree: Tree) -> torch.Tensor:  # [depth] tokens below the root
+        return tree.tokens[tree.ancestors[int(tree.depths.argmax())]][1:]
+
+    # a chain along the head's own drafts adds nothing: the tree is the head's alone
+    plain = build_dynamic_tree(ex, 3, 4, 3, 10)
+    assert _same(build_dynamic_tree(ex, 3, 4, 3, 10, deepest_path(plain)), plain)
+    # a chain that leaves the head's 7 best nodes after 2 tokens costs 2 head nodes, not 4
+    head_only = build_dynamic_tree(ex, 3, 4, 3, 8)
+    assert head_only.depth >= 2
+    chain = torch.cat([deepest_path(head_only)[:2], torch.tensor([10, 10])])
+    tree = build_dynamic_tree(ex, 3, 4, 3, 10, chain)
+    check_invariants(tree)
+    assert tree.size == 10
+    assert graft_chain(tree, chain)[0] is tree  # the whole chain is in it
+    for node in range(1, head_only.size):  # and so are the head's 7 best nodes
+        assert graft_chain(tree, head_only.tokens[head_only.ancestors[node]][1:])[0] is tree
+
+
+def _same(a: Tree, b: Tree) -> bool:
+    names = ("tokens", "parents", "depths", "ancestors")
+    return all(torch.equal(getattr(a, n), getattr(b, n)) for n in names)
 
 
 def test_lookup_branch_is_accepted_and_budget_kept(tiny_target, tiny_tokenizer) -> None:
