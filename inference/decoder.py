@@ -37,6 +37,9 @@ from draftsmith.inference.tree import (
 from draftsmith.inference.verify import Sampling, accept, pick
 from draftsmith.target import cache_kwarg
 
+# the timed parts of a speculative step (DecodeStats.<part>_seconds); verify = the last three
+STEP_PARTS = ("draft", "verify", "forward", "accept", "commit")
+
 
 @dataclass
 class DecodeStats:
@@ -45,15 +48,23 @@ class DecodeStats:
     forwards: int = 0  # target verification forwards
     accepted_at_depth: list[int] = field(default_factory=list)  # steps that accepted >= d drafts
     offered_at_depth: list[int] = field(default_factory=list)  # steps whose tree reached depth d
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
+    draft_seconds: float = 0.0  # building the draft tree
+    verify_seconds: float = 0.0  # the rest of a step: the three parts below
+    forward_seconds: float = 0.0  # the target's forward over the tree
+    accept_seconds: float = 0.0  # choosing the accepted path, compacting the target's cache
+    commit_seconds: float = 0.0  # re-feeding the head the accepted tokens' true features
 
     @property
     def tau(self) -> float:
         return self.verify_tokens / max(self.forwards, 1)
 
     def add(self, other: DecodeStats) -> None:
-        for name in ("new_tokens", "verify_tokens", "forwards", "draft_seconds", "verify_seconds"):
+        for name in (
+            "new_tokens",
+            "verify_tokens",
+            "forwards",
+            *(f"{part}_seconds" for part in STEP_PARTS),
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("accepted_at_depth", "offered_at_depth"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -120,6 +131,7 @@ class SpecDecoder:
         eos = eos_token_ids or set()
         stats = DecodeStats()
         device = next(self.target.parameters()).device
+        clock = _clock(device)
         cache = DynamicCache(config=self.target.config)
         kv = {cache_kwarg(self.target): cache}
         ids = torch.tensor([prompt], device=device)
@@ -138,10 +150,10 @@ class SpecDecoder:
                 on_tokens([root])
             n = len(prompt)
             while len(generated) < max_new_tokens and root not in eos:
-                t0 = time.perf_counter()
+                t0 = clock()
                 # the context is copied for the lookup branch only: no per-step work without it
                 tree = self.build_tree(root, [*prompt, *generated] if self.spec.lookup else None)
-                t1 = time.perf_counter()
+                t1 = clock()
                 mask = torch.ones(tree.size, n + tree.size, dtype=torch.bool)
                 mask[:, n:] = tree.ancestors
                 out = self.target(
@@ -151,16 +163,22 @@ class SpecDecoder:
                     **kv,
                     use_cache=True,
                 )
+                t2 = clock()
                 path, bonus = accept(tree, out.logits[0].float().cpu(), sampling, generator)
                 keep_accepted(cache, n, path.to(device))
                 new = [*tree.tokens[path[1:]].tolist(), bonus]
+                t3 = clock()
                 self.drafter.commit(
                     capture.hidden[:, path],
                     None if capture.aux is None else capture.aux[:, path],
                     torch.tensor([new], device=device),
                 )
+                t4 = clock()
                 stats.draft_seconds += t1 - t0
-                stats.verify_seconds += time.perf_counter() - t1
+                stats.verify_seconds += t4 - t1
+                stats.forward_seconds += t2 - t1
+                stats.accept_seconds += t3 - t2
+                stats.commit_seconds += t4 - t3
                 stats.forwards += 1
                 stats.verify_tokens += len(new)
                 _count_depths(stats, tree.depth, len(path) - 1)
@@ -176,6 +194,19 @@ class SpecDecoder:
         generated = generated[:max_new_tokens]
         stats.new_tokens = len(generated)
         return generated, stats
+
+
+def _clock(device: torch.device) -> Callable[[], float]:
+    """perf_counter, after waiting for queued CUDA work (kernels run asynchronously, so an
+    unsynchronised clock would bill the forward to whichever part next reads a result)."""
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def synced() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return synced
 
 
 def _count_depths(stats: DecodeStats, tree_depth: int, accepted: int) -> None:

@@ -24,7 +24,7 @@ from draftsmith.conf.schema import Config
 from draftsmith.conversations import read_conversations
 from draftsmith.heads import TargetInfo, TargetParts, load_head
 from draftsmith.heads.vocab import frequent_tokens
-from draftsmith.inference.decoder import DecodeStats, SpecDecoder
+from draftsmith.inference.decoder import STEP_PARTS, DecodeStats, SpecDecoder
 from draftsmith.inference.report import write_report, write_sweep_summary
 from draftsmith.inference.tree import TreeSpec
 from draftsmith.inference.verify import Sampling
@@ -203,8 +203,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             "speedup": {f"vs_{m}": rate[c.run] / rate[m] for m in e.baselines},
             "tau": stats.tau,
             "depth_acceptance": stats.depth_acceptance(),
-            "draft_seconds": stats.draft_seconds,
-            "verify_seconds": stats.verify_seconds,
+            **{f"{part}_seconds": getattr(stats, f"{part}_seconds") for part in STEP_PARTS},
             "verify_forwards": stats.forwards,
             "mismatch": {
                 "checked": sampling.greedy and "vanilla" in e.baselines,

@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from draftsmith.files import write_text_atomic  # noqa: E402
+from draftsmith.inference.decoder import STEP_PARTS  # noqa: E402
 
 
 def results_markdown(r: dict) -> str:
@@ -42,12 +43,26 @@ def results_markdown(r: dict) -> str:
         *rows,
         "",
     ]
+    if step := step_milliseconds(r):
+        lines += [step, ""]
     if m["checked"]:
         lines.append(
             f"Greedy mismatches against vanilla: {m['prompts']} of {r['prompts']} prompts."
             + divergence_summary(m["details"])
         )
     return "\n".join(lines) + "\n"
+
+
+def step_milliseconds(r: dict) -> str:
+    """Where a speculative step's time goes, in ms per verification forward ("" for results
+    written before the verify time was split into its parts)."""
+    if "forward_seconds" not in r:
+        return ""
+    ms = {k: 1000 * r[f"{k}_seconds"] / max(r["verify_forwards"], 1) for k in STEP_PARTS}
+    return (
+        f"Per step: draft {ms['draft']:.1f} ms, verify {ms['verify']:.1f} ms (target forward "
+        f"{ms['forward']:.1f}, accept + cache {ms['accept']:.1f}, head commit {ms['commit']:.1f})."
+    )
 
 
 def divergence_summary(details: list[dict]) -> str:

@@ -120,7 +120,8 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     assert grafted["tree"]["lookup"] == 3 and grafted["mismatch"]["checked"]
     assert grafted["mismatch"]["prompts"] == 0
     (folder,) = (out / "eval").glob("*-n16-lookup3-T0-*")
-    assert "prompt-lookup branch of 3" in (folder / "results.md").read_text()
+    report = (folder / "results.md").read_text()
+    assert "prompt-lookup branch of 3" in report and "ms (target forward " in report
 
 
 def test_summary_prints_only_what_was_measured() -> None:

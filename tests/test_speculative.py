@@ -71,6 +71,9 @@ def test_greedy_is_lossless(name, tree, tiny_target, tiny_tokenizer, references)
         out, stats = decoder.generate(prompt, 48, eos_token_ids={tiny_tokenizer.eos_token_id})
         assert out == expected
         assert stats.forwards >= 1 and stats.tau >= 1.0
+        # the verify time is split into its parts, and nothing is lost between them
+        parts = (stats.forward_seconds, stats.accept_seconds, stats.commit_seconds)
+        assert min(parts) > 0 and sum(parts) == pytest.approx(stats.verify_seconds)
 
 
 @pytest.mark.parametrize("name", ["eagle1", "medusa", "hydra"])
