@@ -65,13 +65,10 @@ def _path_to(tree: Tree, leaf: int) -> torch.Tensor:
 def accept_greedy(tree: Tree, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Returns (accepted path node ids, root first) and the bonus token."""
     predicted = logits.argmax(-1)  # [N]
-    ok = torch.zeros(tree.size, dtype=torch.bool)
-    ok[0] = True
-    for depth in range(1, tree.depth + 1):
-        nodes = (tree.depths == depth).nonzero().flatten()
-        parents = tree.parents[nodes]
-        ok[nodes] = ok[parents] & (tree.tokens[nodes] == predicted[parents])
-    leaf = int(torch.where(ok, tree.depths, -1).argmax())
+    match = tree.tokens == predicted[tree.parents.clamp_min(0)]  # [N] drafted = parent's argmax
+    match[0] = True
+    ok = ~(tree.ancestors & ~match).any(-1)  # [N] every node from the root down to it matches
+    leaf = int(torch.where(ok, tree.depths, -1).argmax())  # deepest; ties: the lowest index
     return _path_to(tree, leaf), int(predicted[leaf])
 
 

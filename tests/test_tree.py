@@ -22,6 +22,7 @@ from draftsmith.inference.tree import (
     chain_choices,
     topk_choices,
 )
+from draftsmith.inference.verify import accept_greedy
 
 
 class RandomExpander:
@@ -100,6 +101,33 @@ def test_default_static_tree_is_wide_at_the_root_and_deep_on_top_1() -> None:
 def test_path_tokens() -> None:
     tree = StaticTree(chain_choices(3)).build(RandomExpander(), 3)
     assert tree.path_tokens(torch.tensor([3])).tolist() == [tree.tokens.tolist()]
+
+
+def test_greedy_acceptance_takes_the_deepest_path_the_target_agrees_with() -> None:
+    """Against a walk from the root: step to the child holding the target's argmax, as long as
+    one does. Logits are made to agree with the tree often, so deep paths and dead ends (a node
+    that matches under a parent that did not) both occur."""
+    g = torch.Generator().manual_seed(0)
+    depths_seen = set()
+    for _ in range(200):
+        tree = build_dynamic_tree(RandomExpander(), 3, 4, 3, 12)
+        predicted = torch.randint(0, 11, (tree.size,), generator=g)
+        for i in range(1, tree.size):  # each child is the parent's argmax with probability 1/2
+            if torch.rand((), generator=g) < 0.5:
+                predicted[tree.parents[i]] = tree.tokens[i]
+        logits = torch.nn.functional.one_hot(predicted, 11).float()  # [N, V]
+        walk, node = [0], 0
+        while match := [
+            c
+            for c in range(tree.size)
+            if tree.parents[c] == node and tree.tokens[c] == predicted[node]
+        ]:
+            node = match[0]
+            walk.append(node)
+        path, bonus = accept_greedy(tree, logits)
+        assert path.tolist() == walk and bonus == int(predicted[node])
+        depths_seen.add(len(walk) - 1)
+    assert depths_seen >= {0, 1, 2, 3}
 
 
 def test_split_attention_matches_dense_reference() -> None:
