@@ -1,0 +1,88 @@
+"""What one verification forward of the target costs per tree size, next to a vanilla decoding
+step, side by side in one process: ms per forward of N tree tokens (chain mask, positions
+prefix + depth, the decoder's tree-attention backend) after a `--context`-token prefix, and of
+one token through the model's own attention as `generate` runs it, median over rounds
+interleaved across the sizes (the order rotates per round). The cache is cut back to the prefix
+after every forward, so each one sees the same context. This is the cost side of the tree-size
+choice: a tree of N nodes pays off when tau grows faster than its forward's cost.
+Writes JSON + a markdown table. Usage:
+  python scripts/bench_verify.py [--sizes 1 4 8 12 16 20 24] [--context 300] [--rounds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from draftsmith.inference.attention import tree_attention
+from draftsmith.target import cache_kwarg, load_target, native_dtype
+
+
+def forward_ms(target, cache: DynamicCache, context: int, size: int, tree: bool) -> float:
+    """One forward of `size` tokens after the `context` cached ones, in ms; the cache is cut
+    back to `context` afterwards."""
+    ids = torch.randint(100, 40000, (1, size))  # [1, N]
+    kwargs = {cache_kwarg(target): cache, "use_cache": True}
+    if tree:
+        mask = torch.ones(size, context + size, dtype=torch.bool)
+        mask[:, context:] = torch.ones(size, size, dtype=torch.bool).tril()  # a chain
+        kwargs["attention_mask"] = mask[None, None]
+        kwargs["position_ids"] = torch.arange(context, context + size)[None]
+    t0 = time.perf_counter()
+    target(input_ids=ids, **kwargs)
+    seconds = time.perf_counter() - t0
+    cache.crop(-size)  # transformers 5: a negative count of tokens to drop
+    return seconds * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 8, 12, 16, 20, 24])
+    p.add_argument("--context", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--out", default="runs/bench/verify")
+    args = p.parse_args()
+    dtype = native_dtype("cpu") if args.dtype == "auto" else args.dtype  # as dtype=auto does
+    target = load_target(args.target, dtype)
+    prefix = torch.randint(
+        100, 40000, (1, args.context), generator=torch.Generator().manual_seed(0)
+    )
+    cache = DynamicCache(config=target.config)
+    methods = ["vanilla", *(f"tree {n}" for n in args.sizes)]
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    with torch.no_grad():
+        target(input_ids=prefix, **{cache_kwarg(target): cache}, use_cache=True, logits_to_keep=1)
+        for r in range(args.rounds + 1):  # round 0 is an untimed warm-up
+            for m in methods[r % len(methods) :] + methods[: r % len(methods)]:
+                if m == "vanilla":
+                    ms = forward_ms(target, cache, args.context, 1, tree=False)
+                else:
+                    with tree_attention(target, "sdpa"):
+                        ms = forward_ms(target, cache, args.context, int(m.split()[1]), tree=True)
+                if r:
+                    times[m].append(ms)
+    median = {m: sorted(t)[len(t) // 2] for m, t in times.items()}
+    base = median["vanilla"]
+    table = (
+        f"Target forward after {args.context} cached tokens, {dtype}, median of {args.rounds}\n\n"
+        "| forward | ms | vs a vanilla step |\n|---|---:|---:|\n"
+    )
+    for m in methods:
+        table += f"| {m} | {median[m]:.1f} | {median[m] / base:.2f}x |\n"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"args": vars(args), "dtype": dtype, "median_ms": median, "ms": times}
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    (out / "results.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
