@@ -51,9 +51,8 @@ def main() -> None:
     args = p.parse_args()
     dtype = native_dtype("cpu") if args.dtype == "auto" else args.dtype  # as dtype=auto does
     target = load_target(args.target, dtype)
-    prefix = torch.randint(
-        100, 40000, (1, args.context), generator=torch.Generator().manual_seed(0)
-    )
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(100, 40000, (1, args.context), generator=gen)  # [1, S]
     cache = DynamicCache(config=target.config)
     methods = ["vanilla", *(f"tree {n}" for n in args.sizes)]
     times: dict[str, list[float]] = {m: [] for m in methods}
