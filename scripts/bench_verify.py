@@ -26,7 +26,7 @@ from draftsmith.target import cache_kwarg, load_target, native_dtype
 def forward_ms(target, cache: DynamicCache, context: int, size: int, tree: bool) -> float:
     """One forward of `size` tokens after the `context` cached ones, in ms; the cache is cut
     back to `context` afterwards."""
-    ids = torch.randint(100, 40000, (1, size))  # [1, N]
+    ids = torch.randint(0, min(40000, target.config.vocab_size), (1, size))  # [1, N]
     kwargs = {cache_kwarg(target): cache, "use_cache": True}
     if tree:
         mask = torch.ones(size, context + size, dtype=torch.bool)
@@ -37,6 +37,7 @@ def forward_ms(target, cache: DynamicCache, context: int, size: int, tree: bool)
     target(input_ids=ids, **kwargs)
     seconds = time.perf_counter() - t0
     cache.crop(-size)  # transformers 5: a negative count of tokens to drop
+    assert cache.get_seq_length() == context, "the cache did not go back to the prefix"
     return seconds * 1e3
 
 
@@ -52,7 +53,8 @@ def main() -> None:
     dtype = native_dtype("cpu") if args.dtype == "auto" else args.dtype  # as dtype=auto does
     target = load_target(args.target, dtype)
     gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(100, 40000, (1, args.context), generator=gen)  # [1, S]
+    high = min(40000, target.config.vocab_size)  # any ids: the cost does not depend on them
+    prefix = torch.randint(0, high, (1, args.context), generator=gen)  # [1, S]
     cache = DynamicCache(config=target.config)
     methods = ["vanilla", *(f"tree {n}" for n in args.sizes)]
     times: dict[str, list[float]] = {m: [] for m in methods}
