@@ -21,3 +21,51 @@ def test_bench_verify_times_every_tree_size_and_a_vanilla_step(tmp_path: Path) -
     assert set(result["median_ms"]) == {"vanilla", "tree 1", "tree 4"}
     assert all(len(ms) == 2 and min(ms) > 0 for ms in result["ms"].values())
     assert "| tree 4 |" in (tmp_path / "results.md").read_text()
+
+
+def test_bench_oracle_reads_tau_ceilings_off_the_target(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"count to {i}"}]} for i in range(2)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["--target", TINY_NAME, "--dtype", "float32", "--benchmark", str(prompts)]
+    args += ["--prompts", "2", "--max-new-tokens", "12", "--every", "4", "--depth", "3"]
+    args += ["--top-k", "3", "--total-tokens", "1", "4", "10", "--out", str(tmp_path / "out")]
+    subprocess.run([sys.executable, str(SCRIPTS / "bench_oracle.py"), *args], check=True)
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    tau = {int(n): t for n, t in result["oracle_tau"].items()}
+    assert result["steps"] >= 4
+    # a root alone accepts nothing; more nodes of the same tree never lower the expectation,
+    # and no tree of depth 3 can beat 4
+    assert tau[1] == 1.0 and 1.0 < tau[4] <= tau[10] < 4.0, tau
+
+
+def test_oracle_node_logits_are_the_targets_after_each_path(tiny_target) -> None:
+    """The oracle's tree forward (cached context, tree mask, depth positions) gives every node
+    the logits a plain forward over context + the node's path gives."""
+    import importlib.util
+
+    import torch
+    from transformers import DynamicCache
+
+    from draftsmith.inference.attention import tree_attention
+    from draftsmith.inference.tree import build_dynamic_tree
+    from draftsmith.inference.verify import Sampling
+    from draftsmith.target import cache_kwarg
+
+    spec = importlib.util.spec_from_file_location("bench_oracle", SCRIPTS / "bench_oracle.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    context = torch.randint(0, tiny_target.config.vocab_size, (1, 9))  # [1, 9], root last
+    cache = DynamicCache(config=tiny_target.config)
+    with torch.no_grad():
+        out = tiny_target(input_ids=context, **{cache_kwarg(tiny_target): cache}, use_cache=True)
+        oracle = bench.OracleExpander(tiny_target, cache, out.logits[0, -1], Sampling(1.0))
+        with tree_attention(tiny_target, "sdpa"):
+            tree = build_dynamic_tree(oracle, int(context[0, -1]), 3, 3, 10)
+            nodes = torch.arange(1, tree.size)
+            logits = oracle.node_logits(tree, nodes)  # [N-1, V]
+        assert cache.get_seq_length() == 9  # the tree was cut away again
+        for i, node in enumerate(nodes.tolist()):
+            path = tree.tokens[tree.ancestors[node]][1:]  # below the root
+            plain = tiny_target(input_ids=torch.cat([context[0], path])[None]).logits[0, -1]
+            torch.testing.assert_close(logits[i], plain.float(), atol=1e-4, rtol=1e-4)
