@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -32,15 +33,22 @@ from draftsmith.target import cache_kwarg, load_target, load_tokenizer
 
 class OracleExpander:
     """The `Expander` protocol backed by the target: `cache` holds the context up to the root
-    (`n` tokens); tree nodes are fed with a tree mask and cut away again after each forward."""
+    (`n` tokens); tree nodes are fed with a tree mask and cut away again after each forward.
+    Log-probs are kept per path below the root, so trees of several sizes grown from one context
+    share their forwards, and a tree's expectation needs none."""
 
     def __init__(self, target, cache: DynamicCache, root_logits: torch.Tensor, sampling: Sampling):
         self.target, self.cache, self.sampling = target, cache, sampling
         self.n = cache.get_seq_length()
-        self.root = self.logprobs(root_logits[None])[0]  # [V]
+        # [V] log-probs of the next token after each path of tokens below the root
+        self.after: dict[tuple[int, ...], torch.Tensor] = {(): self.logprobs(root_logits[None])[0]}
 
     def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
         return self.sampling.probs(logits).log()  # [F, V], -inf where a warper removed a token
+
+    @staticmethod
+    def path(tree: Tree, node: int) -> tuple[int, ...]:
+        return tuple(tree.tokens[tree.ancestors[node]][1:].tolist())  # below the root
 
     def node_logits(self, tree: Tree, nodes: torch.Tensor) -> torch.Tensor:
         """[F, V] target logits after the path to each of `nodes` (all of them non-root)."""
@@ -60,24 +68,27 @@ class OracleExpander:
         return out.logits[0, torch.searchsorted(fed, nodes)].float()
 
     def root_logprobs(self) -> torch.Tensor:
-        return self.root
+        return self.after[()]
 
     def expand(self, nodes: torch.Tensor, tree: Tree) -> torch.Tensor:
-        return self.logprobs(self.node_logits(tree, nodes))
+        paths = [self.path(tree, node) for node in nodes.tolist()]
+        new = [i for i, path in enumerate(paths) if path not in self.after]
+        if new:
+            rows = self.logprobs(self.node_logits(tree, nodes[new]))  # [F', V]
+            self.after.update({paths[i]: row for i, row in zip(new, rows)})
+        return torch.stack([self.after[path] for path in paths])  # [F, V]
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         return ids
 
     def expected_accepted(self, tree: Tree) -> float:
-        """Sum over the non-root nodes of the probability that verification accepts the path."""
-        if tree.size == 1:
-            return 0.0
-        inner = torch.arange(1, tree.size)
-        rows = torch.cat([self.root[None], self.logprobs(self.node_logits(tree, inner))])  # [N, V]
-        logp = rows[tree.parents[inner], tree.tokens[inner]]  # [N-1] each node given its parent
-        logp = logp.clamp_min(-1e4)  # a warper's -inf would turn 0 * -inf into NaN below
-        path = tree.ancestors[1:, 1:].float() @ logp  # [N-1] summed along each node's path
-        return float(path.exp().sum())
+        """Sum over the non-root nodes of the probability that the target samples the path to
+        them (every parent of a tree node was expanded, so its log-probs are known)."""
+        total = 0.0
+        for node in range(1, tree.size):
+            path = self.path(tree, node)
+            total += math.exp(sum(float(self.after[path[:i]][t]) for i, t in enumerate(path)))
+        return total
 
 
 def main() -> None:

@@ -65,7 +65,12 @@ def test_oracle_node_logits_are_the_targets_after_each_path(tiny_target) -> None
             nodes = torch.arange(1, tree.size)
             logits = oracle.node_logits(tree, nodes)  # [N-1, V]
         assert cache.get_seq_length() == 9  # the tree was cut away again
+        expected = 0.0  # sum over nodes of the chance the target samples the path to them
         for i, node in enumerate(nodes.tolist()):
             path = tree.tokens[tree.ancestors[node]][1:]  # below the root
             plain = tiny_target(input_ids=torch.cat([context[0], path])[None]).logits[0, -1]
             torch.testing.assert_close(logits[i], plain.float(), atol=1e-4, rtol=1e-4)
+            steps = tiny_target(input_ids=torch.cat([context[0], path[:-1]])[None]).logits[0]
+            probs = torch.softmax(steps[-path.numel() :].float(), -1)  # [d, V] along the path
+            expected += float(probs[torch.arange(path.numel()), path].prod())
+    assert abs(oracle.expected_accepted(tree) - expected) < 1e-4 * max(expected, 1.0)
