@@ -38,7 +38,7 @@ from draftsmith.inference.verify import Sampling, accept, pick
 from draftsmith.target import cache_kwarg
 
 # the timed parts of a speculative step (DecodeStats.<part>_seconds); verify = the last three
-STEP_PARTS = ("draft", "verify", "forward", "accept", "commit")
+STEP_PARTS = ("draft", "forward", "accept", "commit")
 
 
 @dataclass
@@ -49,7 +49,6 @@ class DecodeStats:
     accepted_at_depth: list[int] = field(default_factory=list)  # steps that accepted >= d drafts
     offered_at_depth: list[int] = field(default_factory=list)  # steps whose tree reached depth d
     draft_seconds: float = 0.0  # building the draft tree
-    verify_seconds: float = 0.0  # the rest of a step: the three parts below
     forward_seconds: float = 0.0  # the target's forward over the tree
     accept_seconds: float = 0.0  # choosing the accepted path, compacting the target's cache
     commit_seconds: float = 0.0  # re-feeding the head the accepted tokens' true features
@@ -57,6 +56,11 @@ class DecodeStats:
     @property
     def tau(self) -> float:
         return self.verify_tokens / max(self.forwards, 1)
+
+    @property
+    def verify_seconds(self) -> float:
+        """The rest of a step after drafting: forward, acceptance and the head's commit."""
+        return self.forward_seconds + self.accept_seconds + self.commit_seconds
 
     def add(self, other: DecodeStats) -> None:
         for name in (
@@ -175,7 +179,6 @@ class SpecDecoder:
                 )
                 t4 = clock()
                 stats.draft_seconds += t1 - t0
-                stats.verify_seconds += t4 - t1
                 stats.forward_seconds += t2 - t1
                 stats.accept_seconds += t3 - t2
                 stats.commit_seconds += t4 - t3

@@ -49,7 +49,13 @@ def benchmark_prompts(cfg: Config, tokenizer) -> list[list[int]]:
                 f"{source}: run `draftsmith prepare run_name={cfg.run_name}` "
                 "first (it writes the held-out conversations)"
             )
-    conversations, report = read_conversations(source, limit=cfg.eval.limit)
+    return first_turn_prompts(source, tokenizer, cfg.eval.limit)
+
+
+def first_turn_prompts(source: str, tokenizer, limit: int | None = None) -> list[list[int]]:
+    """First user turn of the first `limit` conversations of `source` (file, folder, HF dataset
+    or asset name), rendered with the target's chat template as the model sees a new chat."""
+    conversations, report = read_conversations(source, limit=limit)
     if not conversations:
         raise ValueError(f"benchmark {source!r} has no usable prompts ({report.summary()})")
     prompts = []
@@ -204,6 +210,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             "tau": stats.tau,
             "depth_acceptance": stats.depth_acceptance(),
             **{f"{part}_seconds": getattr(stats, f"{part}_seconds") for part in STEP_PARTS},
+            "verify_seconds": stats.verify_seconds,
             "verify_forwards": stats.forwards,
             "mismatch": {
                 "checked": sampling.greedy and "vanilla" in e.baselines,

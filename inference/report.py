@@ -58,7 +58,8 @@ def step_milliseconds(r: dict) -> str:
     written before the verify time was split into its parts)."""
     if "forward_seconds" not in r:
         return ""
-    ms = {k: 1000 * r[f"{k}_seconds"] / max(r["verify_forwards"], 1) for k in STEP_PARTS}
+    parts = (*STEP_PARTS, "verify")
+    ms = {k: 1000 * r[f"{k}_seconds"] / max(r["verify_forwards"], 1) for k in parts}
     return (
         f"Per step: draft {ms['draft']:.1f} ms, verify {ms['verify']:.1f} ms (target forward "
         f"{ms['forward']:.1f}, accept + cache {ms['accept']:.1f}, head commit {ms['commit']:.1f})."

@@ -24,8 +24,8 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from draftsmith.conversations import read_conversations
 from draftsmith.inference.attention import tree_attention
+from draftsmith.inference.eval import first_turn_prompts
 from draftsmith.inference.tree import Tree, build_dynamic_tree
 from draftsmith.inference.verify import Sampling
 from draftsmith.target import cache_kwarg, load_target, load_tokenizer
@@ -111,16 +111,12 @@ def main() -> None:
     tokenizer = load_tokenizer(args.target)
     target = load_target(args.target, args.dtype)
     sampling = Sampling(temperature=args.temperature)
-    conversations, _ = read_conversations(args.benchmark, limit=args.prompts)
+    prompts = first_turn_prompts(args.benchmark, tokenizer, args.prompts)
     sums = dict.fromkeys(args.total_tokens, 0.0)
     steps = 0
     torch.manual_seed(args.seed)
     with torch.no_grad():
-        for conv in tqdm(conversations, desc="oracle trees", unit="prompt"):
-            messages = [{"role": "user", "content": conv.user_prompts()[0]}]
-            prompt = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, return_dict=False
-            )
+        for prompt in tqdm(prompts, desc="oracle trees", unit="prompt"):
             ids = torch.tensor([prompt])  # [1, P]
             sequence = target.generate(
                 ids,
@@ -147,7 +143,7 @@ def main() -> None:
                 steps += 1
     taus = {total: 1 + s / max(steps, 1) for total, s in sums.items()}
     table = f"Oracle tau (the target drafts for itself), T={args.temperature:g}, {args.dtype}, "
-    table += f"{steps} steps of {len(conversations)} {args.benchmark} answers\n\n"
+    table += f"{steps} steps of {len(prompts)} {args.benchmark} answers\n\n"
     table += "| tree | oracle tau |\n|---|---:|\n"
     for total, tau in taus.items():
         table += f"| dynamic d{args.depth} k{args.top_k} n{total} | {tau:.2f} |\n"
