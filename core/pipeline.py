@@ -95,7 +95,7 @@ def _timing_key(cfg: Config, stage: str) -> str:
     if stage == "eval":
         from draftsmith.inference.eval import eval_tag
 
-        return f"eval/{Path(eval_tag(cfg)).name}"
+        return f"eval/{eval_tag(cfg)}"
     return f"export/{cfg.export.format}" if stage == "export" else stage
 
 
