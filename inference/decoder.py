@@ -116,7 +116,9 @@ class SpecDecoder:
         s = self.spec
         chain = prompt_lookup(torch.tensor(context), s.lookup) if s.lookup and context else None
         if self.static is None:
-            return build_dynamic_tree(self.drafter, root, s.depth, s.top_k, s.total_tokens, chain)
+            return build_dynamic_tree(
+                self.drafter, root, s.depth, s.top_k, s.total_tokens, chain, s.rank_temperature
+            )
         tree = self.static.build(self.drafter, root)
         return tree if chain is None else graft_chain(tree, chain)[0]
 
