@@ -81,9 +81,10 @@ class TreeSpec:
     lookup: int = 0
     # temperature on the head's log-probs when a dynamic tree ranks its nodes (1 = EAGLE-2's
     # raw confidence). Greedy verification accepts a draft iff it is the target's argmax, which
-    # a head trained on the target's soft distribution rates below its real odds (a perfect
-    # head's top-1 is always accepted, at probability maybe 0.4); < 1 sharpens the ranking
-    # toward deeper top-1 paths. Only which nodes are drafted changes, so decoding stays exact.
+    # a head trained on the target's soft distribution underrates (a head matching the target
+    # exactly would rate its top-1 maybe 0.4, and have it accepted every time); < 1 sharpens
+    # the ranking toward deeper top-1 paths. Only which nodes are drafted changes, so decoding
+    # stays exact.
     rank_temperature: float = 1.0
 
     def __post_init__(self) -> None:
