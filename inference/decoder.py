@@ -116,9 +116,7 @@ class SpecDecoder:
         s = self.spec
         chain = prompt_lookup(torch.tensor(context), s.lookup) if s.lookup and context else None
         if self.static is None:
-            return build_dynamic_tree(
-                self.drafter, root, s.depth, s.top_k, s.total_tokens, chain, s.rank_temperature
-            )
+            return build_dynamic_tree(self.drafter, root, s.depth, s.top_k, s.total_tokens, chain)
         tree = self.static.build(self.drafter, root)
         return tree if chain is None else graft_chain(tree, chain)[0]
 

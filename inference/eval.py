@@ -238,8 +238,6 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
     tag = cfg.eval.tag or f"{bench}-{t.kind}-d{t.depth}-k{t.top_k}-n{t.total_tokens}"
     if t.lookup and not cfg.eval.tag:
         tag += f"-lookup{t.lookup}"
-    if t.rank_temperature != 1.0 and not cfg.eval.tag:
-        tag += f"-rt{t.rank_temperature:g}"
     vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
     tag = f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
     return tag + ("-compiled" if cfg.eval.compile else "")

@@ -35,11 +35,6 @@ def results_markdown(r: dict) -> str:
         f"(depth {r['tree']['depth']}, top-k {r['tree']['top_k']}, "
         f"{r['tree']['total_tokens']} nodes"
         + (f", prompt-lookup branch of {r['tree']['lookup']}" if r["tree"].get("lookup") else "")
-        + (
-            f", ranked at temperature {r['tree']['rank_temperature']:g}"
-            if r["tree"].get("rank_temperature", 1.0) != 1.0
-            else ""
-        )
         + ")",
         "",
         f"tau = **{r['tau']:.2f}** over {r['verify_forwards']} verification forwards; "

@@ -79,13 +79,6 @@ class TreeSpec:
     # 0 = off; a dynamic tree gives up a head node per chain token the head did not draft
     # itself, so total_tokens still bounds it (a static or chain tree grows by up to `lookup`)
     lookup: int = 0
-    # temperature on the head's log-probs when a dynamic tree ranks its nodes (1 = EAGLE-2's
-    # raw confidence). Greedy verification accepts a draft iff it is the target's argmax, which
-    # a head trained on the target's soft distribution underrates (a head matching the target
-    # exactly would rate its top-1 maybe 0.4, and have it accepted every time); < 1 sharpens
-    # the ranking toward deeper top-1 paths. Only which nodes are drafted changes, so decoding
-    # stays exact.
-    rank_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("dynamic", "static", "chain"):
@@ -97,8 +90,6 @@ class TreeSpec:
                 f"tree.lookup={self.lookup}: expected >= 0, and for a dynamic tree fewer than "
                 f"total_tokens - 1 = {self.total_tokens - 1} (the head keeps the other nodes)"
             )
-        if self.rank_temperature <= 0:
-            raise ValueError(f"tree.rank_temperature={self.rank_temperature}: expected > 0")
 
 
 class _Builder:
@@ -138,7 +129,6 @@ def build_dynamic_tree(
     top_k: int,
     total_tokens: int,
     chain: torch.Tensor | None = None,
-    rank_temperature: float = 1.0,
 ) -> Tree:
     """EAGLE-2: grow `depth` levels, expanding the top_k frontier nodes by cumulative log-prob,
     then keep the `total_tokens` best nodes (root included). A child never outscores its parent
@@ -146,24 +136,15 @@ def build_dynamic_tree(
 
     `chain` [C] (target ids, e.g. a prompt-lookup continuation) is grafted below the root and
     always kept; where it follows the head's own drafts it costs no extra node, so the head keeps
-    `total_tokens - 1 - (C - shared)` of its best nodes rather than `total_tokens - 1 - C`.
-
-    `rank_temperature` (TreeSpec) rescales the log-probs the nodes are ranked by; it keeps each
-    node's order among its siblings, so it only moves the depth / width trade-off."""
-
-    def ranked(logprobs: torch.Tensor) -> torch.Tensor:  # [.., Vd] -> [.., Vd]
-        if rank_temperature == 1.0:
-            return logprobs
-        return torch.log_softmax(logprobs.float() / rank_temperature, dim=-1)
-
+    `total_tokens - 1 - (C - shared)` of its best nodes rather than `total_tokens - 1 - C`."""
     capacity = 1 + top_k + (depth - 1) * top_k * top_k
     tree = _Builder(root_token, capacity)
-    top = ranked(expander.root_logprobs()).topk(top_k)
+    top = expander.root_logprobs().topk(top_k)
     frontier = tree.add(
         torch.zeros(top_k, dtype=torch.long), expander.to_target(top.indices), top.values.float()
     )
     for _ in range(depth - 1):
-        logprobs = ranked(expander.expand(frontier, tree.view()))  # [F, Vd]
+        logprobs = expander.expand(frontier, tree.view())  # [F, Vd]
         top = logprobs.topk(top_k, dim=-1)
         scores = tree.scores[frontier][:, None] + top.values.float()  # [F, k]
         added = tree.add(

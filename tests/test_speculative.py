@@ -26,10 +26,6 @@ TREES = {
     # a prompt-lookup branch grafted in (the tiny target loops, so it is often accepted)
     "dynamic+lookup": TreeSpec(kind="dynamic", depth=4, top_k=3, total_tokens=10, lookup=4),
     "static+lookup": TreeSpec(kind="static", depth=3, top_k=3, total_tokens=9, lookup=3),
-    # a sharpened ranking changes which nodes are drafted, never what is accepted
-    "dynamic+lookup sharpened": TreeSpec(
-        kind="dynamic", depth=4, top_k=3, total_tokens=10, lookup=4, rank_temperature=0.5
-    ),
 }
 
 

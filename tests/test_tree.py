@@ -18,7 +18,6 @@ from draftsmith.inference.cache import keep_accepted
 from draftsmith.inference.tree import (
     StaticTree,
     Tree,
-    TreeSpec,
     build_dynamic_tree,
     chain_choices,
     topk_choices,
@@ -73,32 +72,6 @@ def test_dynamic_tree_keeps_best_paths() -> None:
     ex = RandomExpander()
     tree = build_dynamic_tree(ex, 3, 1, 4, 5)
     assert sorted(tree.tokens[1:].tolist()) == sorted(ex.root_logprobs().topk(4).indices.tolist())
-
-
-class ConstantExpander:
-    """Every node's children: token 0 with p=0.4, tokens 1 and 2 with 0.3 each."""
-
-    def root_logprobs(self) -> torch.Tensor:
-        return torch.tensor([0.4, 0.3, 0.3]).log()
-
-    def expand(self, nodes: torch.Tensor, tree: Tree) -> torch.Tensor:
-        return self.root_logprobs().expand(nodes.numel(), -1)
-
-    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids
-
-
-def test_rank_temperature_trades_width_for_depth() -> None:
-    # raw confidence: the root's three children (0.4, 0.3, 0.3) outrank 0.4 x 0.4 = 0.16
-    wide = build_dynamic_tree(ConstantExpander(), 5, 3, 3, 4)
-    assert wide.depth == 1 and sorted(wide.tokens[1:].tolist()) == [0, 1, 2]
-    # at 0.25 the top child gets 0.61 and the others 0.19 each: the top-1 chain 0.61, 0.38,
-    # 0.23 outranks the siblings
-    deep = build_dynamic_tree(ConstantExpander(), 5, 3, 3, 4, rank_temperature=0.25)
-    check_invariants(deep)
-    assert deep.depth == 3 and deep.tokens[1:].tolist() == [0, 0, 0]
-    with pytest.raises(ValueError, match="rank_temperature"):
-        TreeSpec(rank_temperature=0)
 
 
 def test_static_trees() -> None:
