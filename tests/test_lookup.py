@@ -1,6 +1,6 @@
-"""The prompt-lookup branch: the same proposals as transformers' prompt lookup, grafted into a
-draft tree without duplicate siblings, and accepted by the target (losslessness is tested with
-the other trees in test_speculative.py)."""
+"""The prompt-lookup branch: transformers' prompt lookup's proposals in its matching mode, the
+longest and latest match by default, grafted into a draft tree without duplicate siblings, and
+accepted by the target (losslessness is tested with the other trees in test_speculative.py)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,23 @@ def test_proposes_what_transformers_prompt_lookup_proposes() -> None:
     found = 0
     for length in range(1, 60):
         context = torch.randint(0, 6, (length,), generator=g)  # small vocab: many repeats
-        ours = prompt_lookup(context, 5)
+        ours = prompt_lookup(context, 5, max_ngram=2, latest=False)
         theirs = hf.get_candidates(context[None])[0][0, length:]
         assert torch.equal(ours, theirs), (context.tolist(), ours.tolist(), theirs.tolist())
         found += ours.numel() > 0
     assert found > 40  # the cases with a match were compared too
     assert prompt_lookup(torch.tensor([3, 4, 5]), 5).numel() == 0  # no repeat, no proposal
+
+
+def test_default_match_is_the_longest_then_the_latest() -> None:
+    # the suffix "1 2 3" was followed by 7 (at 3) and later by 9 (at 11)
+    context = torch.tensor([1, 2, 3, 7, 5, 0, 1, 2, 3, 9, 1, 8, 1, 2, 3])
+    assert prompt_lookup(context, 2).tolist() == [9, 1]
+    assert prompt_lookup(context, 2, latest=False).tolist() == [7, 5]
+    # the 4-gram suffix "3 1 2 3" was followed by 6; the 2-gram "2 3" last by 4: longest first
+    context = torch.tensor([3, 1, 2, 3, 6, 2, 3, 4, 3, 1, 2, 3])
+    assert prompt_lookup(context, 1).tolist() == [6]
+    assert prompt_lookup(context, 1, max_ngram=2).tolist() == [4]
 
 
 def _tree(tokens: list[int], parents: list[int]) -> Tree:
