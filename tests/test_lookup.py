@@ -27,7 +27,7 @@ def test_proposes_what_transformers_prompt_lookup_proposes() -> None:
 
 
 def test_default_match_is_the_longest_then_the_latest() -> None:
-    # the suffix "1 2 3" was followed by 7 (at 3) and later by 9 (at 11)
+    # the suffix "1 2 3" was followed by 7 (at 3) and later by 9 (at 9)
     context = torch.tensor([1, 2, 3, 7, 5, 0, 1, 2, 3, 9, 1, 8, 1, 2, 3])
     assert prompt_lookup(context, 2).tolist() == [9, 1]
     assert prompt_lookup(context, 2, latest=False).tolist() == [7, 5]
