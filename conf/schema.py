@@ -25,6 +25,11 @@ class TargetConfig:
     path: str = MISSING
     # run model code shipped with the checkpoint; off unless the user turns it on
     trust_remote_code: bool = False
+    # where the target decodes (eval, with the heads; regeneration), pack its frozen bf16 linear
+    # weights for oneDNN on CPU first (draftsmith.packed: the same outputs bit for bit, decoding
+    # ~25% faster on SmolLM2). Off keeps the weights as loaded, e.g. when a second copy of them
+    # would not fit in memory. eval.compile does without (its graphs handle the weights).
+    pack_linears: bool = True
 
 
 @dataclass

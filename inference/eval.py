@@ -28,6 +28,7 @@ from draftsmith.inference.decoder import STEP_PARTS, DecodeStats, SpecDecoder
 from draftsmith.inference.report import write_report, write_sweep_summary
 from draftsmith.inference.tree import TreeSpec
 from draftsmith.inference.verify import Sampling
+from draftsmith.packed import pack_linears
 from draftsmith.target import (
     compile_target,
     load_target,
@@ -116,6 +117,9 @@ def evaluate(cfg: Config) -> dict[str, dict]:
         raise ValueError(f"eval.heads={cfg.eval.heads}: repeats a run (this run is {cfg.run_name})")
     tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
     target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
+    # every method decodes with the same (maybe packed) target, so the ratios stay like for like
+    pack = cfg.target.pack_linears and not cfg.eval.compile
+    packed = pack_linears(target) if pack else 0
     info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
     parts = TargetParts.from_model(target)
     vocab = None
@@ -127,7 +131,8 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     heads += [(run, f"{cfg.runs_dir}/{run}/train/head") for run in cfg.eval.heads]
     for run, head_path in heads:
         head = load_head(head_path, info).to(device=cfg.device, dtype=torch_dtype(cfg.dtype))
-        head.bind(parts).eval()
+        head.bind(parts).eval().requires_grad_(False)
+        packed += pack_linears(head) if pack else 0
         tree = cfg.tree if run == cfg.run_name else _tree_for(head, cfg.tree)
         # this run's head must take the reduced vocabulary; other heads take it if they can
         own = vocab if run == cfg.run_name or head.drafts_with_target_lm_head else None
@@ -187,7 +192,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
                         _mismatch(target, prompts[index], outputs[c.run], ref, index)
                     )
     rate = {m: tokens[m] / max(seconds[m], 1e-9) for m in methods}
-    machine = machine_info(cfg)
+    machine = {**machine_info(cfg), "packed_linears": packed}
     results = {}
     for c in contenders:
         # this head is "speculative" in its own results

@@ -1,8 +1,10 @@
-"""Drafting cost of an autoregressive head (EAGLE-1/3), eager vs `torch.compile`, side by side in
-one process: ms per step of one dynamic draft tree plus one commit of 1-3 accepted tokens, the
-drafter's whole share of a speculative step, median over rounds interleaved across the modes
-(each mode on its own copy of the head):
-  eager  - as SpecDecoder runs it;
+"""Drafting cost of an autoregressive head (EAGLE-1/3), eager, packed and `torch.compile`, side by
+side in one process: ms per step of one dynamic draft tree plus one commit of 1-3 accepted
+tokens, the drafter's whole share of a speculative step, median over rounds interleaved across
+the modes (each mode on its own copy of the head):
+  eager  - SpecDecoder on the head as loaded;
+  packed - its bf16 linear weights packed for oneDNN (draftsmith.packed), as eval decodes (the
+           target stays unpacked here: EAGLE-1's drafts through its lm_head would gain too);
   layer  - every draft decoder layer compiled whole (dynamic shapes; the KV cache append inside);
   parts  - the layers' pre/post-attention pieces and draft_logits compiled separately.
 Compiling happens in an untimed warm-up. Writes JSON + a markdown table. Usage:
@@ -23,13 +25,16 @@ from draftsmith.features import FeatureCapture
 from draftsmith.heads import TargetInfo, TargetParts, load_head
 from draftsmith.inference.decoder import SpecDecoder
 from draftsmith.inference.tree import TreeSpec
+from draftsmith.packed import pack_linears
 from draftsmith.target import load_target, target_name, torch_dtype
 
-MODES = ("eager", "layer", "parts")
+MODES = ("eager", "packed", "layer", "parts")
 
 
 def compiled(head, mode: str):
-    if mode == "layer":
+    if mode == "packed":
+        pack_linears(head.requires_grad_(False))
+    elif mode == "layer":
         for layer in head.layers:
             layer.compile(dynamic=True)
     elif mode == "parts":
@@ -87,7 +92,7 @@ def main() -> None:
             results[mode] = {"warmup_seconds": time.perf_counter() - t0}
         # interleaved rounds, so no mode always runs first; prefixes 100-180 tokens
         for r in range(args.rounds):
-            for mode in MODES[r % 3 :] + MODES[: r % 3]:
+            for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
                 start = 100 + 20 * (r % 5)
                 step = drafting_round(decoders[mode], hidden, aux, prompt, start, args.steps)
                 times[mode].append(step * 1e3)

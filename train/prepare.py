@@ -22,6 +22,7 @@ from draftsmith.conf.schema import Config
 from draftsmith.conversations import Conversation, read_conversations
 from draftsmith.files import write_text_atomic
 from draftsmith.heads.vocab import count_tokens
+from draftsmith.packed import pack_linears
 from draftsmith.target import load_target, load_tokenizer
 from draftsmith.train.regenerate import regenerate
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
@@ -87,6 +88,8 @@ def run(cfg: Config) -> dict:
             cfg.target.trust_remote_code,
             attn_implementation=d.regen.attn_implementation,
         )
+        if cfg.target.pack_linears:
+            pack_linears(target)  # the same answers, generated faster
         for name in ("heldout", "train"):
             n = len(splits[name]) if d.regen.rows is None else d.regen.rows
             first, rest = splits[name][:n], splits[name][n:]
