@@ -28,7 +28,8 @@ class TargetConfig:
     # where the target decodes (eval, with the heads; regeneration), pack its frozen bf16 linear
     # weights for oneDNN on CPU first (draftsmith.packed: the same outputs bit for bit, decoding
     # ~25% faster on SmolLM2). Off keeps the weights as loaded, e.g. when a second copy of them
-    # would not fit in memory. eval.compile does without (its graphs handle the weights).
+    # would not fit in memory. With eval.compile they stay unpacked (the two were never measured
+    # together).
     pack_linears: bool = True
 
 

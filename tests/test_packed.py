@@ -3,6 +3,8 @@ the same speculative output, the same parameters; fp32 and trainable layers are 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def bf16_target(path):
+def bf16_target(path: Path) -> nn.Module:
     return load_target(str(path), "bfloat16")
 
 
