@@ -26,15 +26,18 @@ class PackedLinear(nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+def packing_available() -> bool:
+    """Whether this torch build's oneDNN has bf16 kernels on this CPU (else nothing is packed)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def can_pack(module: nn.Module) -> bool:
-    """A frozen bf16 nn.Linear on CPU, on a build whose oneDNN has bf16 kernels."""
+    """A frozen bf16 nn.Linear on CPU."""
     return (
         type(module) is nn.Linear
         and module.weight.dtype == torch.bfloat16
         and module.weight.device.type == "cpu"
         and not module.weight.requires_grad
-        and torch.backends.mkldnn.is_available()
-        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     )
 
 
@@ -43,6 +46,8 @@ def pack_linears(model: nn.Module) -> int:
     same parameters, same outputs bit for bit); returns how many. Anything else (fp32, GPU,
     trainable weights, no oneDNN bf16) is left as it is. Pack after the last `.to()`: the packed
     copies do not follow the module to another device or dtype."""
+    if not packing_available():
+        return 0
     count = 0
     for module in model.modules():
         if can_pack(module):

@@ -11,12 +11,11 @@ from torch import nn
 
 from draftsmith.heads import TargetInfo, TargetParts, build_head
 from draftsmith.inference.decoder import SpecDecoder, TreeSpec
-from draftsmith.packed import PackedLinear, pack_linears
+from draftsmith.packed import PackedLinear, pack_linears, packing_available
 from draftsmith.target import load_target
 
 pytestmark = pytest.mark.skipif(
-    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-    reason="this CPU build has no oneDNN bf16 kernels, so nothing is packed",
+    not packing_available(), reason="no oneDNN bf16 kernels on this CPU build: nothing is packed"
 )
 
 

@@ -125,13 +125,13 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
 
     # in bf16 eval packs the target's and the head's linear weights (where oneDNN has bf16
     # kernels) and decodes the same tokens as with the weights as loaded
-    import torch
+    from draftsmith.packed import packing_available
 
     bf16 = [*overrides, "dtype=bfloat16", "eval.baselines=[vanilla]", "tracking=none"]
     packed = evaluate.run(compose(bf16))
     plain = evaluate.run(compose([*bf16, "target.pack_linears=false", "eval.tag=plain"]))
     assert plain["machine"]["packed_linears"] == 0
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if packing_available():
         assert packed["machine"]["packed_linears"] > 0
     assert packed["tau"] == plain["tau"] and packed["tokens"] == plain["tokens"]
     assert packed["mismatch"]["prompts"] == plain["mismatch"]["prompts"]
