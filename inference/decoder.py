@@ -46,7 +46,6 @@ class DecodeStats:
     new_tokens: int = 0
     verify_tokens: int = 0  # tokens produced by verification steps (excludes the prefill token)
     forwards: int = 0  # target verification forwards
-    tree_nodes: int = 0  # nodes the target verified, root included, over all forwards
     accepted_at_depth: list[int] = field(default_factory=list)  # steps that accepted >= d drafts
     offered_at_depth: list[int] = field(default_factory=list)  # steps whose tree reached depth d
     draft_seconds: float = 0.0  # building the draft tree
@@ -68,7 +67,6 @@ class DecodeStats:
             "new_tokens",
             "verify_tokens",
             "forwards",
-            "tree_nodes",
             *(f"{part}_seconds" for part in STEP_PARTS),
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -118,9 +116,7 @@ class SpecDecoder:
         s = self.spec
         chain = prompt_lookup(torch.tensor(context), s.lookup) if s.lookup and context else None
         if self.static is None:
-            return build_dynamic_tree(
-                self.drafter, root, s.depth, s.top_k, s.total_tokens, chain, s.min_prob
-            )
+            return build_dynamic_tree(self.drafter, root, s.depth, s.top_k, s.total_tokens, chain)
         tree = self.static.build(self.drafter, root)
         return tree if chain is None else graft_chain(tree, chain)[0]
 
@@ -187,7 +183,6 @@ class SpecDecoder:
                 stats.accept_seconds += t3 - t2
                 stats.commit_seconds += t4 - t3
                 stats.forwards += 1
-                stats.tree_nodes += tree.size
                 stats.verify_tokens += len(new)
                 _count_depths(stats, tree.depth, len(path) - 1)
                 n += len(path)

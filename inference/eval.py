@@ -217,7 +217,6 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             **{f"{part}_seconds": getattr(stats, f"{part}_seconds") for part in STEP_PARTS},
             "verify_seconds": stats.verify_seconds,
             "verify_forwards": stats.forwards,
-            "tree_nodes_per_forward": stats.tree_nodes / max(stats.forwards, 1),
             "mismatch": {
                 "checked": sampling.greedy and "vanilla" in e.baselines,
                 "prompts": len(c.mismatches),
@@ -244,8 +243,6 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
     tag = cfg.eval.tag or f"{bench}-{t.kind}-d{t.depth}-k{t.top_k}-n{t.total_tokens}"
     if t.lookup and not cfg.eval.tag:
         tag += f"-lookup{t.lookup}"
-    if t.min_prob and not cfg.eval.tag:
-        tag += f"-p{t.min_prob:g}"
     vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
     tag = f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
     return tag + ("-compiled" if cfg.eval.compile else "")

@@ -60,11 +60,9 @@ def step_milliseconds(r: dict) -> str:
         return ""
     parts = (*STEP_PARTS, "verify")
     ms = {k: 1000 * r[f"{k}_seconds"] / max(r["verify_forwards"], 1) for k in parts}
-    nodes = r.get("tree_nodes_per_forward")  # absent in results written before session 32
     return (
         f"Per step: draft {ms['draft']:.1f} ms, verify {ms['verify']:.1f} ms (target forward "
-        f"{ms['forward']:.1f}, accept + cache {ms['accept']:.1f}, head commit {ms['commit']:.1f})"
-        + (f"; {nodes:.1f} tree nodes verified per forward." if nodes else ".")
+        f"{ms['forward']:.1f}, accept + cache {ms['accept']:.1f}, head commit {ms['commit']:.1f})."
     )
 
 

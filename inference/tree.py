@@ -9,7 +9,6 @@ depth; the `Expander` (inference/drafter.py) turns frontier nodes into child log
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -80,10 +79,6 @@ class TreeSpec:
     # 0 = off; a dynamic tree gives up a head node per chain token the head did not draft
     # itself, so total_tokens still bounds it (a static or chain tree grows by up to `lookup`)
     lookup: int = 0
-    # dynamic trees: keep only head nodes whose path the head gives at least this probability
-    # (product of its probabilities along the path), so confident steps verify fewer nodes;
-    # total_tokens stays the cap. 0 = always fill total_tokens
-    min_prob: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("dynamic", "static", "chain"):
@@ -95,8 +90,6 @@ class TreeSpec:
                 f"tree.lookup={self.lookup}: expected >= 0, and for a dynamic tree fewer than "
                 f"total_tokens - 1 = {self.total_tokens - 1} (the head keeps the other nodes)"
             )
-        if not 0.0 <= self.min_prob < 1.0:
-            raise ValueError(f"tree.min_prob={self.min_prob}: expected 0 <= min_prob < 1")
 
 
 class _Builder:
@@ -136,12 +129,10 @@ def build_dynamic_tree(
     top_k: int,
     total_tokens: int,
     chain: torch.Tensor | None = None,
-    min_prob: float = 0.0,
 ) -> Tree:
     """EAGLE-2: grow `depth` levels, expanding the top_k frontier nodes by cumulative log-prob,
-    then keep the `total_tokens` best nodes (root included), or fewer: only those whose cumulative
-    probability is at least `min_prob`. A child never outscores its parent (log-probs <= 0) and
-    ties go to the lower index, so the kept set is closed under ancestors.
+    then keep the `total_tokens` best nodes (root included). A child never outscores its parent
+    (log-probs <= 0) and ties go to the lower index, so the kept set is closed under ancestors.
 
     `chain` [C] (target ids, e.g. a prompt-lookup continuation) is grafted below the root and
     always kept; where it follows the head's own drafts it costs no extra node, so the head keeps
@@ -169,10 +160,7 @@ def build_dynamic_tree(
         scores = scores.masked_fill(full.ancestors[leaf], float("inf"))  # the chain ranks first
     # stable sort: among equal scores the lower index (an ancestor, if any) ranks first
     order = torch.sort(-scores[1:], stable=True).indices + 1
-    n = total_tokens - 1
-    if min_prob > 0:  # sorted by score: the nodes above the cut are a prefix of `order`
-        n = min(n, int((scores[order] >= math.log(min_prob)).sum()))
-    keep = torch.cat([torch.zeros(1, dtype=torch.long), order[:n].sort().values])
+    keep = torch.cat([torch.zeros(1, dtype=torch.long), order[: total_tokens - 1].sort().values])
     return full.select(keep)
 
 

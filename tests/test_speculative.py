@@ -26,8 +26,6 @@ TREES = {
     # a prompt-lookup branch grafted in (the tiny target loops, so it is often accepted)
     "dynamic+lookup": TreeSpec(kind="dynamic", depth=4, top_k=3, total_tokens=10, lookup=4),
     "static+lookup": TreeSpec(kind="static", depth=3, top_k=3, total_tokens=9, lookup=3),
-    # trees of varying size: head nodes below a path probability of 2% are not verified
-    "dynamic+min_prob": TreeSpec(kind="dynamic", depth=4, top_k=3, total_tokens=10, min_prob=0.02),
 }
 
 
@@ -73,8 +71,6 @@ def test_greedy_is_lossless(name, tree, tiny_target, tiny_tokenizer, references)
         out, stats = decoder.generate(prompt, 48, eos_token_ids={tiny_tokenizer.eos_token_id})
         assert out == expected
         assert stats.forwards >= 1 and stats.tau >= 1.0
-        if TREES[tree].min_prob:  # the cut bites, yet trees keep head nodes
-            assert stats.forwards < stats.tree_nodes < stats.forwards * TREES[tree].total_tokens
         # the verify time is split into its parts, and nothing is lost between them
         parts = (stats.forward_seconds, stats.accept_seconds, stats.commit_seconds)
         assert min(parts) > 0 and sum(parts) == pytest.approx(stats.verify_seconds)

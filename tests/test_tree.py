@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 
 import pytest
@@ -73,33 +72,6 @@ def test_dynamic_tree_keeps_best_paths() -> None:
     ex = RandomExpander()
     tree = build_dynamic_tree(ex, 3, 1, 4, 5)
     assert sorted(tree.tokens[1:].tolist()) == sorted(ex.root_logprobs().topk(4).indices.tolist())
-
-
-def test_dynamic_tree_min_prob_keeps_exactly_the_likely_paths() -> None:
-    ex = RandomExpander()
-
-    def paths(tree: Tree) -> dict[tuple[int, ...], float]:
-        """Each node's token path from the root -> the expander's probability of that path."""
-        out = {}
-        for i in range(tree.size):
-            nodes = tree.ancestors[i].nonzero().flatten()
-            logp = sum(
-                float(ex.table[tree.depths[n] - 1, tree.tokens[tree.parents[n]], tree.tokens[n]])
-                for n in nodes[1:]
-            )
-            out[tuple(tree.tokens[nodes].tolist())] = math.exp(logp)
-        return out
-
-    grown = paths(build_dynamic_tree(ex, 3, 4, 3, 40))  # 40 > capacity: every grown node
-    cut = build_dynamic_tree(ex, 3, 4, 3, 40, min_prob=0.02)
-    check_invariants(cut)
-    assert set(paths(cut)) == {p for p, prob in grown.items() if prob >= 0.02 or len(p) == 1}
-    assert 1 < cut.size < len(grown)
-    # total_tokens still caps it; a grafted chain is kept however unlikely the head finds it
-    assert build_dynamic_tree(ex, 3, 4, 3, 4, min_prob=0.02).size == 4
-    chained = build_dynamic_tree(ex, 3, 4, 3, 40, torch.tensor([7, 7, 7]), min_prob=0.02)
-    check_invariants(chained)
-    assert (3, 7, 7, 7) in paths(chained) and grown.get((3, 7, 7, 7), 0.0) < 0.02
 
 
 def test_static_trees() -> None:
