@@ -53,6 +53,8 @@ def run_rows(
         tree = f"{t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']}"
         if t.get("lookup"):  # a prompt-lookup branch of that many tokens was grafted in
             tree += f" +lookup{t['lookup']}"
+        if t.get("min_prob"):  # session 32's path-probability cut (not kept)
+            tree += f" p{t['min_prob']:g}"
         if t.get("rank_temperature", 1.0) != 1.0:  # session 29's ranking experiment (not kept)
             tree += f" rt{t['rank_temperature']:g}"
         if r.get("draft_vocab_size"):  # drafted over a frequent-token subset of the target's
