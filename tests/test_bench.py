@@ -4,6 +4,7 @@ that they measure every method and write their JSON)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,22 @@ def test_oracle_node_logits_are_the_targets_after_each_path(tiny_target) -> None
             probs = torch.softmax(steps[-path.numel() :].float(), -1)  # [d, V] along the path
             expected += float(probs[torch.arange(path.numel()), path].prod())
     assert abs(oracle.expected_accepted(tree) - expected) < 1e-4 * max(expected, 1.0)
+
+
+def test_readme_results_are_the_archive_regenerated(tmp_path: Path) -> None:
+    """The README's results section is exactly what results_table.py writes from `results/`
+    (no number typed by hand), and its tree column names every setting an eval ran with."""
+    root = SCRIPTS.parent
+    store = shutil.copytree(root / "results", tmp_path / "results", ignore=_png)
+    readme = tmp_path / "README.md"
+    shutil.copy(root / "README.md", readme)
+    before = readme.read_text()
+    command = [sys.executable, str(SCRIPTS / "results_table.py"), "--archive", str(store)]
+    subprocess.run([*command, "--readme", str(readme)], check=True, capture_output=True)
+    assert readme.read_text() == before
+    for named in ("+lookup8 p0.02 |", "+lookup8 rt0.5 |", "n12 v4096 compiled |"):
+        assert named in before
+
+
+def _png(folder: str, names: list[str]) -> list[str]:
+    return [n for n in names if n.endswith(".png")]  # plots are not read back
