@@ -20,6 +20,15 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 MATRIX = [(b, t) for b in ("mt-bench", "heldout", "humaneval") for t in (0.0, 1.0)]
 
 
+def stage_minutes(stage: dict) -> str:
+    """A stage's minutes in the budget table. A stage skipped because its output was complete ran
+    in an earlier invocation, whose time is reported when it was kept (older summaries: 0 or None,
+    shown as "reused"); a stage the run did not select did not run in it at all ("-")."""
+    if stage["seconds"]:
+        return f"{stage['seconds'] / 60:.1f}"
+    return "-" if stage.get("status") == "not selected" else "reused"
+
+
 def run_rows(
     run: Path,
 ) -> tuple[list[str], list[str], list[tuple[str, float]], dict[str, dict[tuple, float]]]:
@@ -28,12 +37,7 @@ def run_rows(
     )
     budget = []
     if summary:
-        # a stage skipped because its output was complete ran in an earlier invocation, whose
-        # time is reported when it was kept (older summaries: 0 or None, shown as "reused")
-        minutes = {
-            r["stage"]: f"{r['seconds'] / 60:.1f}" if r["seconds"] else "reused"
-            for r in summary.get("stages", [])
-        }
+        minutes = {r["stage"]: stage_minutes(r) for r in summary.get("stages", [])}
         data, train = summary.get("data", {}), summary.get("train", {})
         sim_tau = train.get("best_heldout_sim_tau")
         budget.append(
