@@ -93,6 +93,8 @@ def test_readme_results_are_the_archive_regenerated(tmp_path: Path) -> None:
     assert readme.read_text() == before
     for named in ("+lookup8 p0.02 |", "+lookup8 rt0.5 |", "n12 v4096 compiled |"):
         assert named in before
+    # q32_wd's budget row: data and features from an earlier run, eval not selected
+    assert "| q32_wd | 316634 | True | 672 | 1.475 | reused | reused | 4.7 | - |" in before
 
 
 def _png(folder: str, names: list[str]) -> list[str]:
