@@ -71,3 +71,17 @@ def test_packed_speculative_output_is_unchanged(tiny_target_dir, tiny_tokenizer)
         tokens, stats = decoder.generate(list(prompt), 32)
         outputs.append((tokens, stats.forwards))
     assert outputs[0] == outputs[1]
+
+
+def test_packed_regeneration_gives_the_same_answers(tiny_target_dir, tiny_tokenizer) -> None:
+    """prepare packs the target before regenerating answers: every engine answers alike."""
+    from draftsmith.conf.schema import RegenConfig
+    from draftsmith.train.regenerate import generate_answers
+
+    prompts = [list(range(5, 5 + n)) for n in (3, 17, 9)]
+    plain, packed = bf16_target(tiny_target_dir), bf16_target(tiny_target_dir)
+    assert pack_linears(packed)
+    for engine in ("padded", "generate", "continuous"):
+        regen = RegenConfig(max_new_tokens=10, engine=engine, batch_size=len(prompts))
+        expected = generate_answers(plain, tiny_tokenizer, prompts, regen)
+        assert generate_answers(packed, tiny_tokenizer, prompts, regen) == expected
