@@ -218,6 +218,21 @@ class EvalConfig:
 
 
 @dataclass
+class GenerateConfig:
+    # `draftsmith generate`: the user's message, decoded as the first turn of a new chat ("-":
+    # read it from stdin)
+    prompt: str = ""
+    max_new_tokens: int = 256
+    # 0 = greedy; otherwise sampling with these warpers (as eval.temperature / top_p / top_k)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    # also decode with the target alone (transformers generate, same sampling): its speed next
+    # to the speculative one, and at temperature 0 whether the two outputs are identical
+    compare: bool = False
+
+
+@dataclass
 class Config:
     # which CLI stage is running (set by the `draftsmith` dispatcher)
     stage: str = "none"
@@ -258,6 +273,7 @@ class Config:
     verify: bool = False
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
     # free-form extras an experiment file may carry (notes, tags)
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -18,6 +18,7 @@ STAGES: dict[str, str] = {
     "eval": "draftsmith.inference.eval:run",
     "export": "draftsmith.export:run",
     "run": "draftsmith.pipeline:run",
+    "generate": "draftsmith.inference.generate:run",
 }
 
 USAGE = """usage: draftsmith <command> [overrides...]

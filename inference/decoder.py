@@ -131,6 +131,8 @@ class SpecDecoder:
         generator: torch.Generator | None = None,
     ) -> tuple[list[int], DecodeStats]:
         """Decode one prompt; `on_tokens` streams each committed chunk."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         sampling = sampling or Sampling()
         eos = eos_token_ids or set()
         stats = DecodeStats()
@@ -191,10 +193,10 @@ class SpecDecoder:
                     if token in eos:
                         new, root = new[: i + 1], token  # root in eos ends the loop
                         break
+                new = new[: max_new_tokens - len(generated)]  # the stream stops where output does
                 generated.extend(new)
                 if on_tokens:
                     on_tokens(new)
-        generated = generated[:max_new_tokens]
         stats.new_tokens = len(generated)
         return generated, stats
 

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from draftsmith.conf.schema import Config
 from draftsmith.conversations import read_conversations
-from draftsmith.heads import TargetInfo, TargetParts, load_head
+from draftsmith.heads import DraftHead, TargetInfo, TargetParts, load_head
 from draftsmith.heads.vocab import frequent_tokens
 from draftsmith.inference.decoder import STEP_PARTS, DecodeStats, SpecDecoder
 from draftsmith.inference.report import write_report, write_sweep_summary
@@ -59,12 +59,14 @@ def first_turn_prompts(source: str, tokenizer, limit: int | None = None) -> list
     conversations, report = read_conversations(source, limit=limit)
     if not conversations:
         raise ValueError(f"benchmark {source!r} has no usable prompts ({report.summary()})")
-    prompts = []
-    for conv in conversations:
-        messages = [{"role": "user", "content": conv.user_prompts()[0]}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-        prompts.append(list(ids))
-    return prompts
+    return [chat_prompt(tokenizer, conv.user_prompts()[0]) for conv in conversations]
+
+
+def chat_prompt(tokenizer, text: str) -> list[int]:
+    """`text` as the first user turn of a new chat, in the target's chat template."""
+    messages = [{"role": "user", "content": text}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    return list(ids)
 
 
 def _top2_gap(target, sequence: list[int], position: int) -> float:
@@ -73,6 +75,44 @@ def _top2_gap(target, sequence: list[int], position: int) -> float:
         logits = target(torch.tensor([sequence[:position]])).logits[0, -1].float()
     top = logits.topk(2).values
     return float(top[0] - top[1])
+
+
+def decoding_target(cfg: Config) -> tuple[torch.nn.Module, TargetInfo, TargetParts, int]:
+    """The target as every decoding method runs it: loaded in cfg's dtype, its linear weights
+    packed for oneDNN where `target.pack_linears` allows (not with `eval.compile`); returns it,
+    its shapes, its shared parts and the number of packed layers."""
+    target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
+    packed = pack_linears(target) if _packs(cfg) else 0
+    info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
+    return target, info, TargetParts.from_model(target), packed
+
+
+def decoding_head(
+    cfg: Config, head_path: str, info: TargetInfo, parts: TargetParts
+) -> tuple[DraftHead, int]:
+    """The head at `head_path`, bound to the target's parts, frozen, in cfg's dtype and packed as
+    the target is; returns it and the number of packed layers."""
+    head = load_head(head_path, info).to(device=cfg.device, dtype=torch_dtype(cfg.dtype))
+    head.bind(parts).eval().requires_grad_(False)
+    return head, pack_linears(head) if _packs(cfg) else 0
+
+
+def _packs(cfg: Config) -> bool:
+    return cfg.target.pack_linears and not cfg.eval.compile
+
+
+def generate_kwargs(tokenizer, sampling: Sampling, max_new_tokens: int) -> dict:
+    """transformers `generate` settings for plain decoding with `sampling`, as the speculative
+    decoder samples."""
+    kwargs = {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": not sampling.greedy,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    if not sampling.greedy:
+        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    return kwargs
 
 
 def machine_info(cfg: Config) -> dict:
@@ -116,12 +156,8 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     if len({cfg.run_name, *cfg.eval.heads}) != 1 + len(cfg.eval.heads):
         raise ValueError(f"eval.heads={cfg.eval.heads}: repeats a run (this run is {cfg.run_name})")
     tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
-    target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
     # every method decodes with the same (maybe packed) target, so the ratios stay like for like
-    pack = cfg.target.pack_linears and not cfg.eval.compile
-    packed = pack_linears(target) if pack else 0
-    info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
-    parts = TargetParts.from_model(target)
+    target, info, parts, packed = decoding_target(cfg)
     vocab = None
     if cfg.eval.draft_vocab_size:
         counts = answer_token_counts(cfg.input_dir("prepare"), info.vocab_size)
@@ -130,9 +166,8 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     heads = [(cfg.run_name, cfg.resolved_head_path())]
     heads += [(run, f"{cfg.runs_dir}/{run}/train/head") for run in cfg.eval.heads]
     for run, head_path in heads:
-        head = load_head(head_path, info).to(device=cfg.device, dtype=torch_dtype(cfg.dtype))
-        head.bind(parts).eval().requires_grad_(False)
-        packed += pack_linears(head) if pack else 0
+        head, count = decoding_head(cfg, head_path, info, parts)
+        packed += count
         tree = cfg.tree if run == cfg.run_name else _tree_for(head, cfg.tree)
         # this run's head must take the reduced vocabulary; other heads take it if they can
         own = vocab if run == cfg.run_name or head.drafts_with_target_lm_head else None
@@ -142,14 +177,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     e = cfg.eval
     sampling = Sampling(e.temperature, e.top_p, e.top_k)
     eos = {tokenizer.eos_token_id}
-    gen_kwargs = {
-        "max_new_tokens": e.max_new_tokens,
-        "do_sample": not sampling.greedy,
-        "pad_token_id": tokenizer.pad_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-    }
-    if not sampling.greedy:
-        gen_kwargs.update(temperature=e.temperature, top_p=e.top_p, top_k=e.top_k)
+    gen_kwargs = generate_kwargs(tokenizer, sampling, e.max_new_tokens)
     by_run = {c.run: c for c in contenders}
     methods = [*by_run, *e.baselines]
 

@@ -74,6 +74,13 @@ def test_greedy_is_lossless(name, tree, tiny_target, tiny_tokenizer, references)
         # the verify time is split into its parts, and nothing is lost between them
         parts = (stats.forward_seconds, stats.accept_seconds, stats.commit_seconds)
         assert min(parts) > 0 and sum(parts) == pytest.approx(stats.verify_seconds)
+    # a budget that ends inside a step: output and stream stop at it, and agree
+    prompt, expected = references[0]
+    streamed: list[int] = []
+    out, _ = decoder.generate(
+        prompt, 13, eos_token_ids={tiny_tokenizer.eos_token_id}, on_tokens=streamed.extend
+    )
+    assert streamed == out == expected[:13]
 
 
 @pytest.mark.parametrize("name", ["eagle1", "medusa", "hydra"])

@@ -1,0 +1,140 @@
+"""One prompt decoded speculatively, streamed as it is verified (`draftsmith generate`).
+
+    draftsmith generate run_name=quick generate.prompt="Name three prime numbers."
+    draftsmith generate run_name=quick 'generate.prompt="Hi, who are you?"' generate.compare=true
+    cat question.txt | draftsmith generate head_path=exported/native generate.prompt=-
+
+(Hydra reads an unquoted comma as a list, so a prompt holding one is quoted once more inside the
+override, or piped in with `generate.prompt=-`.)
+
+The prompt becomes the first user turn of a new chat (the target's chat template); this run's
+head (or `head_path`) drafts with the `tree` settings, on the target exactly as `draftsmith eval`
+decodes (dtype, packed weights). Text is printed as each verification step commits it, then the
+tokens, tau and tokens/s. `generate.compare=true` also decodes with the target alone
+(transformers `generate`, the same sampling) for its speed next to the speculative one and, at
+temperature 0, says whether the two outputs are identical. One prompt is an illustration, not a
+benchmark: `draftsmith eval` measures tau and speedups over a benchmark, interleaved.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+import torch
+
+from draftsmith.conf.schema import Config
+from draftsmith.inference.decoder import SpecDecoder
+from draftsmith.inference.eval import (
+    chat_prompt,
+    decoding_head,
+    decoding_target,
+    generate_kwargs,
+)
+from draftsmith.inference.verify import Sampling
+from draftsmith.target import load_tokenizer
+
+
+class TextStream:
+    """Prints a growing token sequence as text, holding back an unfinished multi-byte character
+    (the tokenizer decodes its partial bytes to U+FFFD until the rest arrive)."""
+
+    def __init__(self, tokenizer, out: TextIO) -> None:
+        self.tokenizer, self.out = tokenizer, out
+        self.ids: list[int] = []
+        self.printed = 0  # characters of the decoded text already written
+
+    def __call__(self, tokens: list[int]) -> None:
+        self.ids.extend(tokens)
+        text = self.text()
+        if text.endswith("\ufffd"):
+            return
+        self.out.write(text[self.printed :])
+        self.out.flush()
+        self.printed = len(text)
+
+    def text(self) -> str:
+        return self.tokenizer.decode(self.ids, skip_special_tokens=True)
+
+    def close(self) -> None:
+        self.out.write(self.text()[self.printed :] + "\n")
+        self.out.flush()
+
+
+def run(cfg: Config, out: TextIO = sys.stdout) -> dict:
+    """Decode `generate.prompt`, stream it to `out`; returns the text, token ids and measures."""
+    g = cfg.generate
+    text = sys.stdin.read().strip() if g.prompt == "-" else g.prompt
+    if not text.strip():
+        raise ValueError(
+            'generate.prompt is empty: pass generate.prompt="your message" (quoted again '
+            "for Hydra if it holds a comma), or generate.prompt=- to read it from stdin"
+        )
+    tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
+    target, info, parts, _ = decoding_target(cfg)
+    head, _ = decoding_head(cfg, cfg.resolved_head_path(), info, parts)
+    decoder = SpecDecoder(target, head, cfg.tree)
+    sampling = Sampling(g.temperature, g.top_p, g.top_k)
+    prompt = chat_prompt(tokenizer, text)
+    eos = {tokenizer.eos_token_id}
+    ids = torch.tensor([prompt], device=cfg.device)
+
+    def speculative(max_new_tokens: int, stream=None):
+        generator = torch.Generator().manual_seed(cfg.seed)
+        return decoder.generate(prompt, max_new_tokens, sampling, eos, stream, generator)
+
+    def plain(max_new_tokens: int) -> list[int]:
+        torch.manual_seed(cfg.seed)
+        kwargs = generate_kwargs(tokenizer, sampling, max_new_tokens)
+        with torch.no_grad():
+            return target.generate(ids, **kwargs)[0, len(prompt) :].tolist()
+
+    if g.compare:  # the first forwards of a model pay one-off costs (oneDNN kernel choice)
+        speculative(4), plain(4)
+    stream = TextStream(tokenizer, out)
+    t0 = time.perf_counter()
+    tokens, stats = speculative(g.max_new_tokens, stream)
+    seconds = time.perf_counter() - t0
+    stream.close()
+    result = {
+        "text": stream.text(),
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": len(tokens) / seconds,
+        "tau": stats.tau,
+        "depth_acceptance": stats.depth_acceptance(),
+    }
+    lines = [
+        f"{len(tokens)} tokens in {seconds:.2f} s ({result['tokens_per_second']:.1f} tokens/s), "
+        f"tau {stats.tau:.2f} over {stats.forwards} verification forwards ({head.name} head, "
+        f"{cfg.tree.kind} tree, {cfg.dtype})"
+    ]
+    if g.compare:
+        t0 = time.perf_counter()
+        reference = plain(g.max_new_tokens)
+        vanilla_seconds = time.perf_counter() - t0
+        rate = len(reference) / vanilla_seconds
+        result.update(vanilla_tokens=reference, vanilla_tokens_per_second=rate)
+        lines.append(
+            f"target alone: {len(reference)} tokens at {rate:.1f} tokens/s; speculative "
+            f"{result['tokens_per_second'] / rate:.2f}x"
+        )
+        if sampling.greedy:
+            result["identical"] = tokens == reference
+            lines.append(_agreement(tokens, reference, cfg.dtype))
+    out.write("\n".join(lines) + "\n")
+    return result
+
+
+def _agreement(tokens: list[int], reference: list[int], dtype: str) -> str:
+    if tokens == reference:
+        return "identical to the target's own greedy output"
+    first = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
+    where = f"token {first}" if first is not None else "the length"
+    note = (
+        " (in float32 this is a bug: please report it)"
+        if dtype == "float32"
+        else f" ({dtype}: a near-tie of the target's top-2 logits can flip)"
+    )
+    return f"differs from the target's own greedy output at {where}{note}"

@@ -1,0 +1,81 @@
+"""`draftsmith generate`: one prompt decoded speculatively and streamed, next to the target
+alone."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftsmith.config import compose
+from draftsmith.heads import TargetInfo, build_head
+from draftsmith.inference import generate
+
+
+@pytest.fixture
+def head_dir(tmp_path: Path, tiny_target) -> Path:
+    """An untrained EAGLE-3 head for the tiny target, saved as a head folder."""
+    torch.manual_seed(0)
+    info = TargetInfo.from_hf_config(tiny_target.config)
+    head = build_head({"name": "eagle3", "draft_vocab_size": 128}, info)
+    return head.save(tmp_path / "head")
+
+
+def overrides(head_dir: Path, *extra: str) -> list[str]:
+    return [
+        "target=tiny-random-llama",
+        "dtype=float32",
+        f"head_path={head_dir}",
+        "tree.depth=3",
+        "tree.lookup=3",
+        # Hydra reads a comma as a list: a prompt with one is quoted inside the override
+        "generate.prompt='Count to twenty, please.'",
+        "generate.max_new_tokens=40",
+        *extra,
+    ]
+
+
+def test_streams_the_targets_greedy_output(head_dir: Path, tiny_tokenizer) -> None:
+    out = io.StringIO()
+    result = generate.run(compose(overrides(head_dir, "generate.compare=true")), out=out)
+    # fp32: the streamed text is exactly the target's own greedy output
+    assert result["identical"] and result["tokens"] == result["vanilla_tokens"]
+    assert 0 < len(result["tokens"]) <= 40 and result["tau"] >= 1.0
+    text = tiny_tokenizer.decode(result["tokens"], skip_special_tokens=True)
+    assert result["text"] == text
+    printed = out.getvalue()
+    assert printed.startswith(text + "\n")
+    assert "tau" in printed and "identical to the target's own greedy output" in printed
+
+
+def test_sampled_decoding_is_seeded(head_dir: Path) -> None:
+    sampled = overrides(head_dir, "generate.temperature=0.8", "generate.top_p=0.9")
+    first = generate.run(compose(sampled), out=io.StringIO())
+    again = generate.run(compose(sampled), out=io.StringIO())
+    assert first["tokens"] == again["tokens"] and "identical" not in first
+
+
+def test_prompt_from_stdin(head_dir: Path, monkeypatch) -> None:
+    given = generate.run(compose(overrides(head_dir)), out=io.StringIO())
+    monkeypatch.setattr("sys.stdin", io.StringIO("Count to twenty, please.\n"))
+    piped = generate.run(compose([*overrides(head_dir), "generate.prompt=-"]), out=io.StringIO())
+    assert piped["tokens"] == given["tokens"]
+
+
+def test_empty_prompt_is_refused(head_dir: Path) -> None:
+    with pytest.raises(ValueError, match="generate.prompt is empty"):
+        generate.run(compose([*overrides(head_dir), "generate.prompt= "]))
+
+
+def test_text_stream_holds_back_a_split_character(tiny_tokenizer) -> None:
+    """A multi-byte character arriving over two chunks is printed once, whole."""
+    ids = tiny_tokenizer.encode("né", add_special_tokens=False)
+    assert len(ids) >= 3  # a byte tokenizer: "é" is two tokens
+    out = io.StringIO()
+    stream = generate.TextStream(tiny_tokenizer, out)
+    for token in ids:
+        stream([token])
+    stream.close()
+    assert out.getvalue() == "né\n"
