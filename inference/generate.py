@@ -62,8 +62,10 @@ class TextStream:
         self.out.flush()
 
 
-def run(cfg: Config, out: TextIO = sys.stdout) -> dict:
-    """Decode `generate.prompt`, stream it to `out`; returns the text, token ids and measures."""
+def run(cfg: Config, out: TextIO | None = None) -> dict:
+    """Decode `generate.prompt`, stream it to `out` (stdout); returns the text, token ids and
+    measures."""
+    out = out or sys.stdout  # looked up per call: a redirected stdout is the one written to
     g = cfg.generate
     text = sys.stdin.read().strip() if g.prompt == "-" else g.prompt
     if not text.strip():

@@ -79,3 +79,12 @@ def test_text_stream_holds_back_a_split_character(tiny_tokenizer) -> None:
         stream([token])
     stream.close()
     assert out.getvalue() == "né\n"
+
+
+def test_cli_streams_to_stdout(head_dir: Path, tmp_path: Path, capsys) -> None:
+    """Through the `draftsmith` dispatcher and Hydra: the quoted prompt arrives whole."""
+    from draftsmith.cli import main
+
+    assert main(["generate", f"runs_dir={tmp_path}/runs", *overrides(head_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "verification forwards (eagle3 head, dynamic tree, float32)" in out
