@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 import torch
 
 from draftsmith.conf.schema import Config
-from draftsmith.inference.decoder import SpecDecoder
+from draftsmith.inference.decoder import DecodeStats, SpecDecoder
 from draftsmith.inference.eval import (
     chat_prompt,
     decoding_head,
@@ -82,7 +83,9 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     eos = {tokenizer.eos_token_id}
     ids = torch.tensor([prompt], device=cfg.device)
 
-    def speculative(max_new_tokens: int, stream=None):
+    def speculative(
+        max_new_tokens: int, stream: Callable[[list[int]], None] | None = None
+    ) -> tuple[list[int], DecodeStats]:
         generator = torch.Generator().manual_seed(cfg.seed)
         return decoder.generate(prompt, max_new_tokens, sampling, eos, stream, generator)
 
@@ -93,7 +96,8 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
             return target.generate(ids, **kwargs)[0, len(prompt) :].tolist()
 
     if g.compare:  # the first forwards of a model pay one-off costs (oneDNN kernel choice)
-        speculative(4), plain(4)
+        speculative(4)
+        plain(4)
     stream = TextStream(tokenizer, out)
     t0 = time.perf_counter()
     tokens, stats = speculative(g.max_new_tokens, stream)
