@@ -231,6 +231,13 @@ class GenerateConfig:
     # to the speculative one, and at temperature 0 whether the two outputs are identical
     compare: bool = False
 
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1 or self.temperature < 0:
+            raise ValueError(
+                f"generate.max_new_tokens={self.max_new_tokens} must be >= 1 and "
+                f"generate.temperature={self.temperature} >= 0"
+            )
+
 
 @dataclass
 class Config:

@@ -64,9 +64,11 @@ def test_prompt_from_stdin(head_dir: Path, monkeypatch) -> None:
     assert piped["tokens"] == given["tokens"]
 
 
-def test_empty_prompt_is_refused(head_dir: Path) -> None:
+def test_bad_settings_are_refused(head_dir: Path) -> None:
     with pytest.raises(ValueError, match="generate.prompt is empty"):
         generate.run(compose([*overrides(head_dir), "generate.prompt= "]))
+    with pytest.raises(ValueError, match="generate.max_new_tokens=0"):
+        compose([*overrides(head_dir), "generate.max_new_tokens=0"])
 
 
 def test_text_stream_holds_back_a_split_character(tiny_tokenizer) -> None:

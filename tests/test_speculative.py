@@ -123,6 +123,12 @@ def test_greedy_is_lossless_per_backend(backend, tiny_target, tiny_tokenizer, re
     assert tiny_target.config._attn_implementation == "sdpa"
 
 
+def test_an_empty_budget_is_refused(tiny_target) -> None:
+    decoder = SpecDecoder(tiny_target, untrained("eagle3", tiny_target), TREES["chain"])
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        decoder.generate([1, 2, 3], 0)
+
+
 def test_flash_backend_refuses_cleanly_without_cuda(tiny_target) -> None:
     with pytest.raises(RuntimeError, match="flash"):
         SpecDecoder(tiny_target, untrained("eagle3", tiny_target), TreeSpec(attention="flash"))
