@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 import torch
+from transformers import TextStreamer
 
 from draftsmith.conf.schema import Config
 from draftsmith.inference.decoder import DecodeStats, SpecDecoder
@@ -37,29 +38,20 @@ from draftsmith.inference.verify import Sampling
 from draftsmith.target import load_tokenizer
 
 
-class TextStream:
-    """Prints a growing token sequence as text, holding back an unfinished multi-byte character
-    (the tokenizer decodes its partial bytes to U+FFFD until the rest arrive)."""
+class TextStream(TextStreamer):
+    """transformers' TextStreamer (it holds back text a later token may still change, such as
+    an unfinished multi-byte character) writing to `out` instead of stdout; `put` takes the
+    decoder's chunks of token ids."""
 
     def __init__(self, tokenizer, out: TextIO) -> None:
-        self.tokenizer, self.out = tokenizer, out
-        self.ids: list[int] = []
-        self.printed = 0  # characters of the decoded text already written
+        super().__init__(tokenizer, skip_special_tokens=True)
+        self.out = out
 
     def __call__(self, tokens: list[int]) -> None:
-        self.ids.extend(tokens)
-        text = self.text()
-        if text.endswith("\ufffd"):
-            return
-        self.out.write(text[self.printed :])
-        self.out.flush()
-        self.printed = len(text)
+        self.put(torch.tensor(tokens))
 
-    def text(self) -> str:
-        return self.tokenizer.decode(self.ids, skip_special_tokens=True)
-
-    def close(self) -> None:
-        self.out.write(self.text()[self.printed :] + "\n")
+    def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+        self.out.write(text + ("\n" if stream_end else ""))
         self.out.flush()
 
 
@@ -102,9 +94,9 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     t0 = time.perf_counter()
     tokens, stats = speculative(g.max_new_tokens, stream)
     seconds = time.perf_counter() - t0
-    stream.close()
+    stream.end()
     result = {
-        "text": stream.text(),
+        "text": tokenizer.decode(tokens, skip_special_tokens=True),
         "tokens": tokens,
         "seconds": seconds,
         "tokens_per_second": len(tokens) / seconds,

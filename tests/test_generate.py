@@ -79,7 +79,7 @@ def test_text_stream_holds_back_a_split_character(tiny_tokenizer) -> None:
     stream = generate.TextStream(tiny_tokenizer, out)
     for token in ids:
         stream([token])
-    stream.close()
+    stream.end()
     assert out.getvalue() == "né\n"
 
 
