@@ -257,9 +257,15 @@ def evaluate(cfg: Config) -> dict[str, dict]:
 
 def _mismatch(target, prompt: list[int], spec: list[int], ref: list[int], index: int) -> dict:
     """Where a greedy speculative output first left vanilla, and the target's top-2 gap there."""
-    first = next((i for i, (a, b) in enumerate(zip(spec, ref)) if a != b), min(len(spec), len(ref)))
+    first = first_divergence(spec, ref)
     gap = _top2_gap(target, prompt + ref, len(prompt) + first) if first < len(ref) else None
     return {"prompt": index, "first_divergence": first, "top2_gap": gap}
+
+
+def first_divergence(tokens: list[int], reference: list[int]) -> int:
+    """The first position where two outputs differ (or the shorter one's length)."""
+    same = (i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b)
+    return next(same, min(len(tokens), len(reference)))
 
 
 def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None = None) -> str:

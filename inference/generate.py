@@ -32,6 +32,7 @@ from draftsmith.inference.eval import (
     chat_prompt,
     decoding_head,
     decoding_target,
+    first_divergence,
     generate_kwargs,
 )
 from draftsmith.inference.verify import Sampling
@@ -128,11 +129,10 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
 def _agreement(tokens: list[int], reference: list[int], dtype: str) -> str:
     if tokens == reference:
         return "identical to the target's own greedy output"
-    first = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
-    where = f"token {first}" if first is not None else "the length"
     note = (
         " (in float32 this is a bug: please report it)"
         if dtype == "float32"
         else f" ({dtype}: a near-tie of the target's top-2 logits can flip)"
     )
-    return f"differs from the target's own greedy output at {where}{note}"
+    first = first_divergence(tokens, reference)  # where one differs, or the shorter one ends
+    return f"differs from the target's own greedy output at token {first}{note}"

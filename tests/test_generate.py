@@ -90,3 +90,12 @@ def test_cli_streams_to_stdout(head_dir: Path, tmp_path: Path, capsys) -> None:
     assert main(["generate", f"runs_dir={tmp_path}/runs", *overrides(head_dir)]) == 0
     out = capsys.readouterr().out
     assert "verification forwards (eagle3 head, dynamic tree, float32)" in out
+
+
+def test_a_divergence_is_located() -> None:
+    assert "at token 2 (bfloat16: a near-tie" in generate._agreement(
+        [1, 2, 3], [1, 2, 4], "bfloat16"
+    )
+    assert "at token 2 (in float32 this is a bug" in generate._agreement(
+        [1, 2], [1, 2, 3], "float32"
+    )
