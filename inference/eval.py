@@ -97,6 +97,16 @@ def decoding_head(
     return head, pack_linears(head) if _packs(cfg) else 0
 
 
+def draft_vocabulary(cfg: Config, info: TargetInfo) -> torch.Tensor | None:
+    """`eval.draft_vocab_size` most frequent answer tokens of the run's prepared data [Vd]
+    (target ids), the vocabulary a head drafting through the target's lm_head is cut to; None
+    when unset."""
+    if not cfg.eval.draft_vocab_size:
+        return None
+    counts = answer_token_counts(cfg.input_dir("prepare"), info.vocab_size)
+    return frequent_tokens(counts, cfg.eval.draft_vocab_size)
+
+
 def _packs(cfg: Config) -> bool:
     return cfg.target.pack_linears and not cfg.eval.compile
 
@@ -158,10 +168,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
     # every method decodes with the same (maybe packed) target, so the ratios stay like for like
     target, info, parts, packed = decoding_target(cfg)
-    vocab = None
-    if cfg.eval.draft_vocab_size:
-        counts = answer_token_counts(cfg.input_dir("prepare"), info.vocab_size)
-        vocab = frequent_tokens(counts, cfg.eval.draft_vocab_size)  # [Vd] target ids
+    vocab = draft_vocabulary(cfg, info)  # [Vd] target ids, or None
     contenders = []
     heads = [(cfg.run_name, cfg.resolved_head_path())]
     heads += [(run, f"{cfg.runs_dir}/{run}/train/head") for run in cfg.eval.heads]

@@ -9,11 +9,12 @@ override, or piped in with `generate.prompt=-`.)
 
 The prompt becomes the first user turn of a new chat (the target's chat template); this run's
 head (or `head_path`) drafts with the `tree` settings, on the target exactly as `draftsmith eval`
-decodes (dtype, packed weights). Text is printed as each verification step commits it, then the
-tokens, tau and tokens/s. `generate.compare=true` also decodes with the target alone
-(transformers `generate`, the same sampling) for its speed next to the speculative one and, at
-temperature 0, says whether the two outputs are identical. One prompt is an illustration, not a
-benchmark: `draftsmith eval` measures tau and speedups over a benchmark, interleaved.
+decodes (dtype, packed weights, `eval.draft_vocab_size`). Text is printed as each verification
+step commits it, then the tokens, tau and tokens/s. `generate.compare=true` also decodes with the
+target alone (transformers `generate`, the same sampling) for its speed next to the speculative
+one and, at temperature 0, says whether the two outputs are identical. One prompt is an
+illustration, not a benchmark: `draftsmith eval` measures tau and speedups over a benchmark,
+interleaved.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from draftsmith.inference.eval import (
     chat_prompt,
     decoding_head,
     decoding_target,
+    draft_vocabulary,
     first_divergence,
     generate_kwargs,
 )
@@ -70,7 +72,10 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
     target, info, parts, _ = decoding_target(cfg)
     head, _ = decoding_head(cfg, cfg.resolved_head_path(), info, parts)
-    decoder = SpecDecoder(target, head, cfg.tree)
+    # as eval decodes it: a head drafting through the target's lm_head may be cut to the most
+    # frequent answer tokens (eval.draft_vocab_size; the config refuses it for other heads)
+    vocab = draft_vocabulary(cfg, info)  # [Vd] target ids, or None
+    decoder = SpecDecoder(target, head, cfg.tree, vocab)
     sampling = Sampling(g.temperature, g.top_p, g.top_k)
     prompt = chat_prompt(tokenizer, text)
     eos = {tokenizer.eos_token_id}
@@ -103,11 +108,13 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
         "tokens_per_second": len(tokens) / seconds,
         "tau": stats.tau,
         "depth_acceptance": stats.depth_acceptance(),
+        "draft_vocab_size": 0 if vocab is None else vocab.numel(),
     }
     lines = [
         f"{len(tokens)} tokens in {seconds:.2f} s ({result['tokens_per_second']:.1f} tokens/s), "
         f"tau {stats.tau:.2f} over {stats.forwards} verification forwards ({head.name} head, "
-        f"{cfg.tree.kind} tree, {cfg.dtype})"
+        f"{cfg.tree.kind} tree, {cfg.dtype}"
+        + (f", drafting over {vocab.numel()} tokens)" if vocab is not None else ")")
     ]
     if g.compare:
         t0 = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -102,6 +103,12 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     )
     assert theirs["draft_vocab_size"] == 0 and theirs["decoded_with"] == ["tiny_medusa"]
     assert [r["status"] for r in run(compose(cut))["stages"]] == ["already complete"] * 5
+    # `draftsmith generate` drafts over the same cut vocabulary, still the target's greedy output
+    from draftsmith.inference import generate
+
+    prompt = ["generate.prompt=Say 7 twice.", "generate.max_new_tokens=16", "generate.compare=true"]
+    said = generate.run(compose([*cut, *prompt]), out=io.StringIO())
+    assert said["draft_vocab_size"] == 64 and said["identical"]
 
     # the same EAGLE-3 eval on a compiled target: every method runs the compiled forward, still
     # lossless, in its own results folder next to the eager one
@@ -192,3 +199,4 @@ def test_eval_heads_must_not_repeat_a_run() -> None:
 
     with pytest.raises(ValueError, match="repeats a run"):
         evaluate(compose(["run_name=a", "eval.heads=[b,a]"]))
+
