@@ -72,8 +72,11 @@ def run(cfg: Config) -> dict:
         if name == "train" and Path(cfg.stage_dir("train"), "checkpoints", "latest").exists():
             stage_cfg = dataclasses.replace(stage_cfg, resume=True)  # continue a killed run
         t0 = time.perf_counter()
-        fn(stage_cfg)
+        result = fn(stage_cfg)
+        # a resumed training adds the seconds its earlier invocations spent on the steps it kept
         seconds = time.perf_counter() - t0
+        if isinstance(result, dict):
+            seconds += result.get("seconds_before_resume", 0.0)
         # kept per run as each stage ends, so a later invocation still reports it
         timings = _timings(stage_cfg) | {_timing_key(stage_cfg, name): seconds}
         write_text_atomic(_timings_path(stage_cfg), json.dumps(timings, indent=2))

@@ -200,3 +200,15 @@ def test_eval_heads_must_not_repeat_a_run() -> None:
     with pytest.raises(ValueError, match="repeats a run"):
         evaluate(compose(["run_name=a", "eval.heads=[b,a]"]))
 
+
+def test_resumed_training_reports_its_whole_time(tmp_path: Path, monkeypatch) -> None:
+    """A training resumed from a checkpoint reports the seconds its earlier invocations spent on
+    the steps it kept, plus its own (the stage minutes of `draftsmith run` and the results)."""
+    from draftsmith.train import loop
+
+    monkeypatch.setattr(loop, "run", lambda cfg: {"steps": 8, "seconds_before_resume": 600.0})
+    cfg = compose([f"runs_dir={tmp_path}", "experiment=tiny", "stages=[train]", "tracking=none"])
+    (tmp_path / "tiny").mkdir()  # the real stage makes its run's folder
+    (train,) = [r for r in run(cfg)["stages"] if r["stage"] == "train"]
+    recorded = json.loads((tmp_path / "tiny" / "stage_seconds.json").read_text())["train"]
+    assert train["status"] == "done" and 600.0 <= train["seconds"] == recorded < 660.0

@@ -77,12 +77,15 @@ def test_resume_continues_the_loss_curve_exactly(run_overrides) -> None:
         "head=eagle1",
         "head.feature_noise=0.2",
     ]  # noise: the RNG state must be restored
-    loop.run(compose([*common, "run_name=full", "inputs_from=t"]))
-    loop.run(compose([*common, "run_name=cut", "inputs_from=t", "train.stop_after=4"]))
-    loop.run(compose([*common, "run_name=cut", "inputs_from=t", "resume=true"]))
+    whole = loop.run(compose([*common, "run_name=full", "inputs_from=t"]))
+    first = loop.run(compose([*common, "run_name=cut", "inputs_from=t", "train.stop_after=4"]))
+    second = loop.run(compose([*common, "run_name=cut", "inputs_from=t", "resume=true"]))
     full, cut = losses(runs_dir(run_overrides), "full"), losses(runs_dir(run_overrides), "cut")
     assert sorted(cut) == list(range(1, 9))
     assert [cut[s] for s in range(1, 9)] == [full[s] for s in range(1, 9)]
+    # the resumed run carries the first invocation's training seconds (its reported minutes)
+    assert whole["seconds_before_resume"] == first["seconds_before_resume"] == 0.0
+    assert first["stopped_early"] and second["seconds_before_resume"] > 0.0
 
 
 def test_init_from_starts_at_the_given_head(run_overrides) -> None:

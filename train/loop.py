@@ -161,18 +161,22 @@ def run(cfg: Config) -> dict:
         head.gradient_checkpointing = True
     engine = ds.build_engine(head, cfg, total)
     ckpt = out / "checkpoints"
-    step, best = 0, -1.0
+    # earlier invocations' training seconds up to the checkpoint resumed from, so a run's
+    # reported minutes are its whole training, not the last invocation's
+    step, best, earlier = 0, -1.0, 0.0
     if cfg.resume:
         state = ds.load_checkpoint(engine, ckpt)
         if state is None:
             raise FileNotFoundError(f"resume=true but {ckpt}/latest does not exist")
         step, best = state["step"], state["best"]
+        earlier = state.get("seconds", 0.0)  # checkpoints before session 35 lack it
         torch.set_rng_state(state["rng"][rank]["torch"])
         random.setstate(state["rng"][rank]["python"])
     tracker = Tracker(out, cfg.tracking, cfg.run_name, cfg) if rank == 0 else None
     bar = tqdm(total=total, initial=step, desc=f"train {head.name}", disable=rank != 0)
     window: dict[str, float] = {}
     tokens, t0, last_good = 0, time.perf_counter(), None
+    started = t0
     history: list[dict] = []
     stop = total if t.stop_after is None else min(total, step + t.stop_after)
     while step < stop:
@@ -220,14 +224,20 @@ def run(cfg: Config) -> dict:
                 save_head(engine, head, out / "best", rank)
         if step % t.save_every == 0 or step in (total, stop):
             rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-            state = {"step": step, "best": best, "rng": _gather(rng, world)}
+            seconds = earlier + time.perf_counter() - started
+            state = {"step": step, "best": best, "rng": _gather(rng, world), "seconds": seconds}
             last_good = ds.save_checkpoint(engine, ckpt, step, state, t.keep_last, rank)
     bar.close()
     if step < total:  # time-boxed: the checkpoint above is the state to resume from
         ds.barrier()
-        return {"steps": step, "stopped_early": True}
+        return {"steps": step, "stopped_early": True, "seconds_before_resume": earlier}
     save_head(engine, head, out / "head", rank)
-    summary = {"steps": step, "best_heldout_sim_tau": best, "head": str(out / "head")}
+    summary = {
+        "steps": step,
+        "best_heldout_sim_tau": best,
+        "head": str(out / "head"),
+        "seconds_before_resume": earlier,
+    }
     if rank == 0:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_training(out / "metrics.jsonl", out / "training.png")
