@@ -41,6 +41,7 @@ class Turn:
 class Conversation:
     id: str
     turns: list[Turn]
+    category: str = ""  # a benchmark's task category (MT-bench: writing, coding, ...), if given
 
     def user_prompts(self) -> list[str]:
         return [t.content for t in self.turns if t.role == "user"]
@@ -138,7 +139,8 @@ def parse_row(row: Any, index: int) -> Conversation:
         raise RowError(f"unknown format: keys {sorted(row)[:6]}")
     if not turns or all(not t.content.strip() for t in turns):
         raise RowError("empty conversation")
-    return Conversation(row_id, turns)
+    category = row.get("category")
+    return Conversation(row_id, turns, category if isinstance(category, str) else "")
 
 
 def _iter_json_array(text: str, report: ReadReport):

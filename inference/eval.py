@@ -5,7 +5,8 @@ decoding run interleaved prompt by prompt in one process (the order rotates per 
 speedups are ratios measured side by side; `eval.heads` adds other runs' heads to the rotation,
 so several heads share one pass of each baseline. Greedy speculative outputs are compared with
 vanilla token for token; each divergence is reported with the target's top-2 logit gap where it
-starts.
+starts. Tau is also reported per prompt and, where the benchmark's rows name one (MT-bench's
+eight), per category.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from draftsmith.conf.schema import Config
-from draftsmith.conversations import read_conversations
+from draftsmith.conversations import Conversation, read_conversations
 from draftsmith.heads import DraftHead, TargetInfo, TargetParts, load_head
 from draftsmith.heads.vocab import frequent_tokens
 from draftsmith.inference.decoder import STEP_PARTS, DecodeStats, SpecDecoder
@@ -40,8 +41,9 @@ from draftsmith.tracking import Tracker
 from draftsmith.train.prepare import answer_token_counts
 
 
-def benchmark_prompts(cfg: Config, tokenizer) -> list[list[int]]:
-    """First user turn of each benchmark row, rendered with the target's chat template."""
+def benchmark_prompts(cfg: Config, tokenizer) -> tuple[list[list[int]], list[str]]:
+    """First user turn of each benchmark row, rendered with the target's chat template, and each
+    row's category ("" where the benchmark has none)."""
     source = cfg.eval.benchmark
     if source == "heldout":
         source = f"{cfg.input_dir('prepare')}/heldout.jsonl"
@@ -50,16 +52,22 @@ def benchmark_prompts(cfg: Config, tokenizer) -> list[list[int]]:
                 f"{source}: run `draftsmith prepare run_name={cfg.run_name}` "
                 "first (it writes the held-out conversations)"
             )
-    return first_turn_prompts(source, tokenizer, cfg.eval.limit)
+    conversations = _benchmark(source, cfg.eval.limit)
+    prompts = [chat_prompt(tokenizer, conv.user_prompts()[0]) for conv in conversations]
+    return prompts, [conv.category for conv in conversations]
 
 
 def first_turn_prompts(source: str, tokenizer, limit: int | None = None) -> list[list[int]]:
     """First user turn of the first `limit` conversations of `source` (file, folder, HF dataset
     or asset name), rendered with the target's chat template as the model sees a new chat."""
+    return [chat_prompt(tokenizer, c.user_prompts()[0]) for c in _benchmark(source, limit)]
+
+
+def _benchmark(source: str, limit: int | None) -> list[Conversation]:
     conversations, report = read_conversations(source, limit=limit)
     if not conversations:
         raise ValueError(f"benchmark {source!r} has no usable prompts ({report.summary()})")
-    return [chat_prompt(tokenizer, conv.user_prompts()[0]) for conv in conversations]
+    return conversations
 
 
 def chat_prompt(tokenizer, text: str) -> list[int]:
@@ -150,6 +158,8 @@ class _Contender:
     decoder: SpecDecoder
     draft_vocab: int  # 0 = the head's own vocabulary
     stats: DecodeStats = field(default_factory=DecodeStats)
+    by_category: dict[str, DecodeStats] = field(default_factory=dict)
+    per_prompt: list[dict] = field(default_factory=list)
     mismatches: list[dict] = field(default_factory=list)
 
 
@@ -180,7 +190,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
         own = vocab if run == cfg.run_name or head.drafts_with_target_lm_head else None
         decoder = SpecDecoder(target, head, tree, own)
         contenders.append(_Contender(run, head_path, decoder, 0 if own is None else own.numel()))
-    prompts = benchmark_prompts(cfg, tokenizer)
+    prompts, categories = benchmark_prompts(cfg, tokenizer)
     e = cfg.eval
     sampling = Sampling(e.temperature, e.top_p, e.top_k)
     eos = {tokenizer.eos_token_id}
@@ -216,7 +226,17 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             out, prompt_stats = decode(method, index)
             seconds[method] += time.perf_counter() - t0
             if prompt_stats is not None:
-                by_run[method].stats.add(prompt_stats)
+                c = by_run[method]
+                c.stats.add(prompt_stats)
+                c.by_category.setdefault(categories[index], DecodeStats()).add(prompt_stats)
+                c.per_prompt.append(
+                    {
+                        "category": categories[index],
+                        "tokens": prompt_stats.new_tokens,
+                        "forwards": prompt_stats.forwards,
+                        "tau": prompt_stats.tau,
+                    }
+                )
             tokens[method] += len(out)
             outputs[method] = out
         if sampling.greedy and "vanilla" in outputs:
@@ -249,6 +269,17 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             "speedup": {f"vs_{m}": rate[c.run] / rate[m] for m in e.baselines},
             "tau": stats.tau,
             "depth_acceptance": stats.depth_acceptance(),
+            # per benchmark category (MT-bench's eight), where the rows name one
+            "by_category": {
+                name: {
+                    "prompts": categories.count(name),
+                    "tau": part.tau,
+                    "depth_acceptance": part.depth_acceptance(),
+                }
+                for name, part in sorted(c.by_category.items())
+                if name
+            },
+            "per_prompt": c.per_prompt,
             **{f"{part}_seconds": getattr(stats, f"{part}_seconds") for part in STEP_PARTS},
             "verify_seconds": stats.verify_seconds,
             "verify_forwards": stats.forwards,
@@ -306,6 +337,7 @@ def run(cfg: Config) -> dict:
                 **{f"speedup/{k}": v for k, v in r["speedup"].items()},
                 **{f"tokens_per_second/{k}": v for k, v in r["tokens_per_second"].items()},
                 **{f"acceptance/depth_{d + 1}": a for d, a in enumerate(r["depth_acceptance"])},
+                **{f"tau_by_category/{k}": c["tau"] for k, c in r["by_category"].items()},
             }
             tracker.log(flat, 0)
             tracker.artifact(out, f"{run_name}-eval", kind="results")

@@ -40,6 +40,11 @@ def results_markdown(r: dict) -> str:
         f"tau = **{r['tau']:.2f}** over {r['verify_forwards']} verification forwards; "
         f"acceptance by depth: {depth}",
         "",
+    ]
+    if by := r.get("by_category"):  # older results and benchmarks without categories: none
+        parts = ", ".join(f"{name} {c['tau']:.2f}" for name, c in by.items())
+        lines += [f"tau by category: {parts}", ""]
+    lines += [
         *rows,
         "",
     ]
@@ -91,6 +96,17 @@ def write_report(results: dict, out: Path) -> None:
         ax.set_title(f"{results['head']['name']}: tau {results['tau']:.2f}")
         fig.tight_layout()
         fig.savefig(out / "acceptance_by_depth.png", dpi=120)
+        plt.close(fig)
+    if by := results.get("by_category"):
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        ax.bar(list(by), [c["tau"] for c in by.values()], color="#55a868")
+        ax.axhline(results["tau"], color="black", linewidth=1, linestyle="--", label="all")
+        ax.set_ylabel("tau")
+        ax.set_title(f"{results['head']['name']} on {results['eval']['benchmark']}, by category")
+        ax.tick_params(axis="x", labelrotation=30)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "tau_by_category.png", dpi=120)
         plt.close(fig)
 
 

@@ -43,3 +43,14 @@ def make_tiny(tmp_path: Path):
         return build_tiny_llama(tmp_path / f"tiny-{len(list(tmp_path.iterdir()))}", **kwargs)
 
     return _make
+
+
+@pytest.fixture
+def head_dir(tmp_path: Path, tiny_target) -> Path:
+    """An untrained EAGLE-3 head for the tiny target, saved as a head folder."""
+    from draftsmith.heads import TargetInfo, build_head
+
+    torch.manual_seed(0)
+    info = TargetInfo.from_hf_config(tiny_target.config)
+    head = build_head({"name": "eagle3", "draft_vocab_size": 128}, info)
+    return head.save(tmp_path / "head")

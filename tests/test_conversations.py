@@ -83,11 +83,13 @@ def test_mtbench_and_humaneval_formats(tmp_path: Path) -> None:
     mt.write_text(json.dumps({"question_id": 81, "category": "w", "turns": ["t1", "t2"]}) + "\n")
     convs, _ = read_conversations(str(mt))
     assert convs[0].id == "81" and convs[0].user_prompts() == ["t1", "t2"]
+    assert convs[0].category == "w"
     he = tmp_path / "HumanEval.jsonl.gz"
     with gzip.open(he, "wt") as f:
         f.write(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n"}) + "\n")
     convs, _ = read_conversations(str(he))
     assert convs[0].id == "HumanEval/0" and convs[0].user_prompts() == ["def f():\n"]
+    assert convs[0].category == ""  # no category field
 
 
 def test_hf_dataset_on_disk(tmp_path: Path) -> None:

@@ -7,20 +7,9 @@ import io
 from pathlib import Path
 
 import pytest
-import torch
 
 from draftsmith.config import compose
-from draftsmith.heads import TargetInfo, build_head
 from draftsmith.inference import generate
-
-
-@pytest.fixture
-def head_dir(tmp_path: Path, tiny_target) -> Path:
-    """An untrained EAGLE-3 head for the tiny target, saved as a head folder."""
-    torch.manual_seed(0)
-    info = TargetInfo.from_hf_config(tiny_target.config)
-    head = build_head({"name": "eagle3", "draft_vocab_size": 128}, info)
-    return head.save(tmp_path / "head")
 
 
 def overrides(head_dir: Path, *extra: str) -> list[str]:

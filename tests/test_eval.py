@@ -1,0 +1,54 @@
+"""`draftsmith eval` on a benchmark file whose rows name a category: tau per prompt and per
+category, consistent with the overall tau."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from draftsmith.config import compose
+from draftsmith.inference import eval as evaluate
+
+
+def test_tau_by_category(tmp_path: Path, head_dir: Path) -> None:
+    bench = tmp_path / "question.jsonl"
+    rows = [("writing", "Write a poem about rain."), ("math", "What is 12 times 7?")]
+    rows.append(("writing", "Describe a sunrise in two sentences."))
+    bench.write_text(
+        "".join(
+            json.dumps({"question_id": i, "category": c, "turns": [t, "And then?"]}) + "\n"
+            for i, (c, t) in enumerate(rows)
+        )
+    )
+    cfg = compose(
+        [
+            f"runs_dir={tmp_path}/runs",
+            "target=tiny-random-llama",
+            "dtype=float32",
+            f"head_path={head_dir}",
+            "tree.depth=3",
+            "tree.lookup=3",  # an untrained head drafts little; the lookup branch lifts tau off 1
+            f"eval.benchmark={bench}",
+            "eval.max_new_tokens=24",
+            "eval.baselines=[]",
+            "tracking=none",
+        ]
+    )
+    r = evaluate.run(cfg)
+    assert [p["category"] for p in r["per_prompt"]] == ["writing", "math", "writing"]
+    assert {k: c["prompts"] for k, c in r["by_category"].items()} == {"math": 1, "writing": 2}
+    # each category's tau is its prompts' verified tokens over their forwards; together the overall
+    per = r["per_prompt"]
+    assert sum(p["forwards"] for p in per) == r["verify_forwards"]
+    assert sum(p["tokens"] for p in per) == r["tokens"]["speculative"]
+    writing = [p for p in per if p["category"] == "writing"]
+    verified = sum(p["tau"] * p["forwards"] for p in writing)
+    assert (
+        abs(r["by_category"]["writing"]["tau"] - verified / sum(p["forwards"] for p in writing))
+        < 1e-9
+    )
+    assert r["tau"] > 1.0
+    (report,) = (tmp_path / "runs").glob("*/eval/*/results.md")
+    out = report.parent
+    assert "tau by category: math" in (out / "results.md").read_text()
+    assert (out / "tau_by_category.png").stat().st_size > 5_000
