@@ -31,7 +31,9 @@ def stage_minutes(stage: dict) -> str:
 
 def run_rows(
     run: Path,
-) -> tuple[list[str], list[str], list[tuple[str, float]], dict[str, dict[tuple, float]]]:
+) -> tuple[
+    list[str], list[str], list[tuple[str, float]], dict[str, dict[tuple, float]], dict[str, dict]
+]:
     summary = (
         json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     )
@@ -48,7 +50,7 @@ def run_rows(
             + " | ".join(minutes.get(s, "-") for s in STAGES)
             + " |"
         )
-    rows, taus, matrix = [], [], {}
+    rows, taus, matrix, by_category = [], [], {}, {}
     for path in sorted(run.glob("eval/*/results.json")):
         r = json.loads(path.read_text())
         t, e, s = r["tree"], r["eval"], r["speedup"]
@@ -77,7 +79,12 @@ def run_rows(
         taus.append((f"{run.name} {e['benchmark']} T{e['temperature']:g} {tree}", r["tau"]))
         key = f"| {run.name} | {r['head']['name']} | {tree} |"
         matrix.setdefault(key, {})[(e["benchmark"], float(e["temperature"]))] = r["tau"]
-    return budget, rows, taus, matrix
+        if r.get("by_category"):  # evals since session 35, on benchmarks whose rows name one
+            label = (
+                f"| {run.name} | {e['benchmark']} | {e['temperature']} | {tree} | {r['tau']:.2f} |"
+            )
+            by_category[label] = {k: c["tau"] for k, c in r["by_category"].items()}
+    return budget, rows, taus, matrix, by_category
 
 
 def plot_taus(taus: list[tuple[str, float]], out: Path) -> None:
@@ -122,13 +129,15 @@ def main() -> None:
         )
     if args.bench:
         archive(Path(args.bench), store / "bench", ("*/results.json", "*/results.md"))
-    budgets, rows, taus, matrix = [], [], [], {}
+    budgets, rows, taus, matrix, by_category = [], [], [], {}, {}
     for run in sorted((store / "runs").glob("*")):
-        b, r, t, m = run_rows(run)
+        b, r, t, m, c = run_rows(run)
         budgets += b
         rows += r
         taus += t
         matrix |= m
+        by_category |= c
+    categories = sorted({name for cells in by_category.values() for name in cells})
     if taus:
         plot_taus(taus, store / "tau.png")
     lines = [
@@ -156,6 +165,20 @@ def main() -> None:
             for key, cells in matrix.items()
         ),
         "",
+    ]
+    if by_category:
+        lines += [
+            "Tau by benchmark category (where the benchmark's rows name one):",
+            "",
+            "| run | benchmark | T | tree | all | " + " | ".join(categories) + " |",
+            "|---|---|---:|---|---:|" + "---:|" * len(categories),
+            *(
+                label + "".join(f" {cells[c]:.2f} |" if c in cells else " - |" for c in categories)
+                for label, cells in by_category.items()
+            ),
+            "",
+        ]
+    lines += [
         "Training budget:",
         "",
         "| run | train tokens | regenerated | steps | held-out simulated tau | prepare min | "
