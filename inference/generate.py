@@ -110,11 +110,11 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
         "depth_acceptance": stats.depth_acceptance(),
         "draft_vocab_size": 0 if vocab is None else vocab.numel(),
     }
+    cut = "" if vocab is None else f", drafting over {vocab.numel()} tokens"
     lines = [
         f"{len(tokens)} tokens in {seconds:.2f} s ({result['tokens_per_second']:.1f} tokens/s), "
         f"tau {stats.tau:.2f} over {stats.forwards} verification forwards ({head.name} head, "
-        f"{cfg.tree.kind} tree, {cfg.dtype}"
-        + (f", drafting over {vocab.numel()} tokens)" if vocab is not None else ")")
+        f"{cfg.tree.kind} tree, {cfg.dtype}{cut})"
     ]
     if g.compare:
         t0 = time.perf_counter()

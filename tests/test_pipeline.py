@@ -107,8 +107,10 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     from draftsmith.inference import generate
 
     prompt = ["generate.prompt=Say 7 twice.", "generate.max_new_tokens=16", "generate.compare=true"]
-    said = generate.run(compose([*cut, *prompt]), out=io.StringIO())
+    printed = io.StringIO()
+    said = generate.run(compose([*cut, *prompt]), out=printed)
     assert said["draft_vocab_size"] == 64 and said["identical"]
+    assert "drafting over 64 tokens" in printed.getvalue()
 
     # the same EAGLE-3 eval on a compiled target: every method runs the compiled forward, still
     # lossless, in its own results folder next to the eager one
