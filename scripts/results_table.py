@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 STAGES = ("prepare", "collect", "train", "eval")
@@ -29,20 +30,35 @@ def stage_minutes(stage: dict) -> str:
     return "-" if stage.get("status") == "not selected" else "reused"
 
 
-def run_rows(
-    run: Path,
-) -> tuple[
-    list[str], list[str], list[tuple[str, float]], dict[str, dict[tuple, float]], dict[str, dict]
-]:
+@dataclass
+class Tables:
+    """The README tables' rows, gathered run by run."""
+
+    budget: list[str] = field(default_factory=list)  # training budget rows
+    evals: list[str] = field(default_factory=list)  # one row per eval
+    taus: list[tuple[str, float]] = field(default_factory=list)  # (label, tau) for the plot
+    matrix: dict[str, dict[tuple, float]] = field(default_factory=dict)  # tau by bench and T
+    by_category: dict[str, dict[str, float]] = field(default_factory=dict)  # tau by category
+
+    def add(self, other: Tables) -> None:
+        self.budget += other.budget
+        self.evals += other.evals
+        self.taus += other.taus
+        self.matrix |= other.matrix
+        self.by_category |= other.by_category
+
+
+def run_rows(run: Path) -> Tables:
+    """The README rows of one archived run (its summary and every eval under it)."""
     summary = (
         json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     )
-    budget = []
+    tables = Tables()
     if summary:
         minutes = {r["stage"]: stage_minutes(r) for r in summary.get("stages", [])}
         data, train = summary.get("data", {}), summary.get("train", {})
         sim_tau = train.get("best_heldout_sim_tau")
-        budget.append(
+        tables.budget.append(
             f"| {run.name} | {data.get('tokens', {}).get('train', '?')} | "
             f"{data.get('regenerated', '?')} | {train.get('steps', '?')} | "
             + (f"{sim_tau:.3f}" if sim_tau else "-")
@@ -50,7 +66,6 @@ def run_rows(
             + " | ".join(minutes.get(s, "-") for s in STAGES)
             + " |"
         )
-    rows, taus, matrix, by_category = [], [], {}, {}
     for path in sorted(run.glob("eval/*/results.json")):
         r = json.loads(path.read_text())
         t, e, s = r["tree"], r["eval"], r["speedup"]
@@ -70,21 +85,21 @@ def run_rows(
         speed = {k: f"{s[k]:.2f}x" if k in s else "-" for k in ("vs_vanilla", "vs_lookup")}
         # tau-only evals (no baselines) may share the cores with other jobs: no speed reported
         tok_s = f"{r['tokens_per_second']['speculative']:.1f}" if s else "-"
-        rows.append(
+        tables.evals.append(
             f"| {run.name} | {r['head']['name']} | {e['benchmark']} | {e['temperature']} | "
             f"{r['machine']['dtype']} | {tree} | {r['prompts']} | **{r['tau']:.2f}** | {depth} | "
             f"{tok_s} | {speed['vs_vanilla']} | "
             f"{speed['vs_lookup']} | {mism} |"
         )
-        taus.append((f"{run.name} {e['benchmark']} T{e['temperature']:g} {tree}", r["tau"]))
+        tables.taus.append((f"{run.name} {e['benchmark']} T{e['temperature']:g} {tree}", r["tau"]))
         key = f"| {run.name} | {r['head']['name']} | {tree} |"
-        matrix.setdefault(key, {})[(e["benchmark"], float(e["temperature"]))] = r["tau"]
+        tables.matrix.setdefault(key, {})[(e["benchmark"], float(e["temperature"]))] = r["tau"]
         if r.get("by_category"):  # evals since session 35, on benchmarks whose rows name one
             label = (
                 f"| {run.name} | {e['benchmark']} | {e['temperature']} | {tree} | {r['tau']:.2f} |"
             )
-            by_category[label] = {k: c["tau"] for k, c in r["by_category"].items()}
-    return budget, rows, taus, matrix, by_category
+            tables.by_category[label] = {k: c["tau"] for k, c in r["by_category"].items()}
+    return tables
 
 
 def plot_taus(taus: list[tuple[str, float]], out: Path) -> None:
@@ -129,17 +144,13 @@ def main() -> None:
         )
     if args.bench:
         archive(Path(args.bench), store / "bench", ("*/results.json", "*/results.md"))
-    budgets, rows, taus, matrix, by_category = [], [], [], {}, {}
+    tables = Tables()
     for run in sorted((store / "runs").glob("*")):
-        b, r, t, m, c = run_rows(run)
-        budgets += b
-        rows += r
-        taus += t
-        matrix |= m
-        by_category |= c
+        tables.add(run_rows(run))
+    by_category = tables.by_category
     categories = sorted({name for cells in by_category.values() for name in cells})
-    if taus:
-        plot_taus(taus, store / "tau.png")
+    if tables.taus:
+        plot_taus(tables.taus, store / "tau.png")
     lines = [
         BEGIN,
         "",
@@ -152,7 +163,7 @@ def main() -> None:
         "| run | head | benchmark | T | dtype | tree | prompts | tau | acceptance by depth | "
         "spec tok/s | vs vanilla | vs prompt lookup | greedy mismatches |",
         "|---|---|---|---:|---|---|---:|---:|---|---:|---:|---:|---:|",
-        *rows,
+        *tables.evals,
         "",
         f"![tau of every eval above]({store.name}/tau.png)",
         "",
@@ -162,7 +173,7 @@ def main() -> None:
         "|---|---|---|" + "---:|" * len(MATRIX),
         *(
             key + "".join(f" {cells[c]:.2f} |" if c in cells else " - |" for c in MATRIX)
-            for key, cells in matrix.items()
+            for key, cells in tables.matrix.items()
         ),
         "",
     ]
@@ -184,7 +195,7 @@ def main() -> None:
         "| run | train tokens | regenerated | steps | held-out simulated tau | prepare min | "
         "collect min | train min | eval min |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|",
-        *budgets,
+        *tables.budget,
         "",
     ]
     bench = store / "bench"
