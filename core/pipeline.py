@@ -73,8 +73,8 @@ def run(cfg: Config) -> dict:
             stage_cfg = dataclasses.replace(stage_cfg, resume=True)  # continue a killed run
         t0 = time.perf_counter()
         result = fn(stage_cfg)
-        # a resumed training adds the seconds its earlier invocations spent on the steps it kept
         seconds = time.perf_counter() - t0
+        # a resumed training adds the seconds its earlier invocations spent on the steps it kept
         if isinstance(result, dict):
             seconds += result.get("seconds_before_resume", 0.0)
         # kept per run as each stage ends, so a later invocation still reports it

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from draftsmith.conf.schema import Config
-from draftsmith.conversations import Conversation, read_conversations
+from draftsmith.conversations import read_conversations
 from draftsmith.heads import DraftHead, TargetInfo, TargetParts, load_head
 from draftsmith.heads.vocab import frequent_tokens
 from draftsmith.inference.decoder import STEP_PARTS, DecodeStats, SpecDecoder
@@ -52,22 +52,20 @@ def benchmark_prompts(cfg: Config, tokenizer) -> tuple[list[list[int]], list[str
                 f"{source}: run `draftsmith prepare run_name={cfg.run_name}` "
                 "first (it writes the held-out conversations)"
             )
-    conversations = _benchmark(source, cfg.eval.limit)
-    prompts = [chat_prompt(tokenizer, conv.user_prompts()[0]) for conv in conversations]
-    return prompts, [conv.category for conv in conversations]
+    return first_turns(source, tokenizer, cfg.eval.limit)
 
 
-def first_turn_prompts(source: str, tokenizer, limit: int | None = None) -> list[list[int]]:
+def first_turns(
+    source: str, tokenizer, limit: int | None = None
+) -> tuple[list[list[int]], list[str]]:
     """First user turn of the first `limit` conversations of `source` (file, folder, HF dataset
-    or asset name), rendered with the target's chat template as the model sees a new chat."""
-    return [chat_prompt(tokenizer, c.user_prompts()[0]) for c in _benchmark(source, limit)]
-
-
-def _benchmark(source: str, limit: int | None) -> list[Conversation]:
+    or asset name), rendered with the target's chat template as the model sees a new chat, and
+    each conversation's category ("" where the source names none)."""
     conversations, report = read_conversations(source, limit=limit)
     if not conversations:
         raise ValueError(f"benchmark {source!r} has no usable prompts ({report.summary()})")
-    return conversations
+    prompts = [chat_prompt(tokenizer, conv.user_prompts()[0]) for conv in conversations]
+    return prompts, [conv.category for conv in conversations]
 
 
 def chat_prompt(tokenizer, text: str) -> list[int]:
@@ -226,10 +224,11 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             out, prompt_stats = decode(method, index)
             seconds[method] += time.perf_counter() - t0
             if prompt_stats is not None:
-                c = by_run[method]
-                c.stats.add(prompt_stats)
-                c.by_category.setdefault(categories[index], DecodeStats()).add(prompt_stats)
-                c.per_prompt.append(
+                contender = by_run[method]
+                contender.stats.add(prompt_stats)
+                category = contender.by_category.setdefault(categories[index], DecodeStats())
+                category.add(prompt_stats)
+                contender.per_prompt.append(
                     {
                         "category": categories[index],
                         "tokens": prompt_stats.new_tokens,

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from draftsmith.inference.attention import tree_attention
-from draftsmith.inference.eval import first_turn_prompts
+from draftsmith.inference.eval import first_turns
 from draftsmith.inference.tree import Tree, build_dynamic_tree
 from draftsmith.inference.verify import Sampling
 from draftsmith.target import cache_kwarg, load_target, load_tokenizer
@@ -111,7 +111,7 @@ def main() -> None:
     tokenizer = load_tokenizer(args.target)
     target = load_target(args.target, args.dtype)
     sampling = Sampling(temperature=args.temperature)
-    prompts = first_turn_prompts(args.benchmark, tokenizer, args.prompts)
+    prompts, _ = first_turns(args.benchmark, tokenizer, args.prompts)
     sums = dict.fromkeys(args.total_tokens, 0.0)
     steps = 0
     torch.manual_seed(args.seed)

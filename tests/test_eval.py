@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from draftsmith.config import compose
 from draftsmith.inference import eval as evaluate
 
@@ -43,10 +45,8 @@ def test_tau_by_category(tmp_path: Path, head_dir: Path) -> None:
     assert sum(p["tokens"] for p in per) == r["tokens"]["speculative"]
     writing = [p for p in per if p["category"] == "writing"]
     verified = sum(p["tau"] * p["forwards"] for p in writing)
-    assert (
-        abs(r["by_category"]["writing"]["tau"] - verified / sum(p["forwards"] for p in writing))
-        < 1e-9
-    )
+    forwards = sum(p["forwards"] for p in writing)
+    assert r["by_category"]["writing"]["tau"] == pytest.approx(verified / forwards, abs=1e-9)
     assert r["tau"] > 1.0
     (report,) = (tmp_path / "runs").glob("*/eval/*/results.md")
     out = report.parent
