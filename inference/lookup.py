@@ -8,7 +8,7 @@ generation (`PromptLookupCandidateGenerator`, the eval's prompt-lookup baseline)
 does). The branch matches up to 4 and takes the latest: a longer match is more likely to go on
 the same way, and the latest occurrence is the text the output is repeating now. On the
 `r29_ttt3` head (MT-bench T=0, d4 k4 n16 + 8 lookup tokens) tau 2.88 against 2.83, on 60 unused
-ShareGPT first turns 3.19 against 3.06 (session 30, README).
+ShareGPT first turns 3.19 against 3.06 (session 30, docs/experiments.md).
 """
 
 from __future__ import annotations
