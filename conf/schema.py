@@ -179,16 +179,30 @@ class ExportConfig:
 
 
 @dataclass
-class EvalConfig:
+class SamplingKeys:
+    """The sampling keys eval and generate share: 0 temperature = greedy; otherwise sampling
+    with these warpers, in transformers' order (draftsmith.inference.verify.Sampling)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def check_sampling(self, group: str) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(
+                f"{group}.temperature={self.temperature} must be >= 0, {group}.top_p="
+                f"{self.top_p} in (0, 1] and {group}.top_k={self.top_k} >= 0"
+            )
+
+
+@dataclass
+class EvalConfig(SamplingKeys):
     # prompts: mt-bench | humaneval | heldout (prepared data) | a JSON/JSONL file of prompts
     benchmark: str = "mt-bench"
     # first N prompts (null = all); only the first user turn of each is decoded
     limit: int | None = 80
     max_new_tokens: int = 128
-    # 0 = greedy; otherwise sampling with these warpers, identical for every method
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
+    # (temperature / top_p / top_k: SamplingKeys, identical for every method)
     # baselines decoded interleaved with speculation: "vanilla" (generate) and/or "lookup"
     # (transformers' prompt-lookup assisted generation)
     baselines: list[str] = field(default_factory=lambda: ["vanilla", "lookup"])
@@ -211,6 +225,7 @@ class EvalConfig:
     compile: bool = False
 
     def __post_init__(self) -> None:
+        self.check_sampling("eval")
         for b in self.baselines:
             _check(b, ("vanilla", "lookup"), "eval.baselines")
         if self.draft_vocab_size < 0:
@@ -218,25 +233,20 @@ class EvalConfig:
 
 
 @dataclass
-class GenerateConfig:
+class GenerateConfig(SamplingKeys):
     # `draftsmith generate`: the user's message, decoded as the first turn of a new chat ("-":
     # read it from stdin)
     prompt: str = ""
     max_new_tokens: int = 256
-    # 0 = greedy; otherwise sampling with these warpers (as eval.temperature / top_p / top_k)
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
+    # (temperature / top_p / top_k: SamplingKeys, as eval's)
     # also decode with the target alone (transformers generate, same sampling): its speed next
     # to the speculative one, and at temperature 0 whether the two outputs are identical
     compare: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1 or self.temperature < 0:
-            raise ValueError(
-                f"generate.max_new_tokens={self.max_new_tokens} must be >= 1 and "
-                f"generate.temperature={self.temperature} >= 0"
-            )
+        self.check_sampling("generate")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"generate.max_new_tokens={self.max_new_tokens} must be >= 1")
 
 
 @dataclass

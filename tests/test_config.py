@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,16 @@ def test_bad_enum_fails(override: str) -> None:
 def test_unknown_stage_fails() -> None:
     with pytest.raises(ValueError, match="stages='trian' is not one of"):
         compose(["stages=[prepare,trian]"])
+
+
+@pytest.mark.parametrize("group", ["eval", "generate"])
+@pytest.mark.parametrize("override", ["temperature=-0.5", "top_p=0", "top_p=1.5", "top_k=-1"])
+def test_bad_sampling_fails(group: str, override: str) -> None:
+    """eval and generate share their sampling keys and their checks."""
+    with pytest.raises(ValueError, match=re.escape(f"{group}.{override}")):
+        compose([f"{group}.{override}"])
+    cfg = compose([f"{group}.temperature=0.7", f"{group}.top_p=0.9", f"{group}.top_k=50"])
+    assert (getattr(cfg, group).temperature, getattr(cfg, group).top_k) == (0.7, 50)
 
 
 def test_draft_vocab_for_a_head_with_its_own_fails() -> None:
