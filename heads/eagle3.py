@@ -32,9 +32,9 @@ def default_aux_layers(num_layers: int) -> list[int]:
 class Eagle3Config(HeadConfig):
     name: str = "eagle3"
     # target layers whose *input* is fused ("input of layer k" = HF hidden_states[k] = output of
-    # layer k-1); empty = [2, n//2, n-3], the EAGLE/vLLM default (on SmolLM2 at the quick budget
-    # [2, 15, 30] and [2, 15, 24] measured lower: docs/experiments.md). Exports translate per
-    # server.
+    # layer k-1); empty = [2, n//2, n-3], the EAGLE/vLLM default (on SmolLM2 at the quick
+    # budget [2, 15, 30] and [2, 15, 24] measured lower: docs/experiments.md). Exports
+    # translate per server.
     aux_layers: list[int] = field(default_factory=list)
     # size of the reduced draft vocabulary (0 = the target's full vocabulary)
     draft_vocab_size: int = 8192

@@ -4,8 +4,8 @@
 # collected features (inputs_from: the same tokens in the same order, 2 epochs) with one setting
 # changed each, and each decodes the quick eval (MT-bench T=0, tau only). The seed run changes the
 # head's initialisation and the order of the rows only: its gap to `quick` is the noise the other
-# gaps are read against (docs/experiments.md, session 28). With PARALLEL=2 two runs share the cores (one thread
-# each): tau is unaffected, their train minutes are not comparable.
+# gaps are read against (docs/experiments.md, session 28). With PARALLEL=2 two runs share the
+# cores (one thread each): tau is unaffected, their train minutes are not comparable.
 #   bash scripts/quick_ablations.sh [RUNS_DIR]     env: PARALLEL (1)
 # Then: python scripts/results_table.py RUNS_DIR/quick RUNS_DIR/quick_* --archive results
 set -euo pipefail
