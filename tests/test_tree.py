@@ -23,6 +23,7 @@ from draftsmith.inference.tree import (
     topk_choices,
 )
 from draftsmith.inference.verify import accept_greedy
+from draftsmith.target import cache_kwarg
 
 
 class RandomExpander:
@@ -153,6 +154,7 @@ def test_split_attention_matches_dense_reference() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.filterwarnings("error:`past_key_values`:FutureWarning")  # deprecated keyword
 def test_sdpa_backend_equals_transformers_sdpa_on_a_tree(dtype, tiny_target) -> None:
     """Our sdpa backend only skips transformers' per-head KV copies (grouped heads: 4 query heads
     on 2 KV heads): a tree forward must give the very same logits."""
@@ -164,16 +166,16 @@ def test_sdpa_backend_equals_transformers_sdpa_on_a_tree(dtype, tiny_target) -> 
     logits = []
     try:
         for ours in (False, True):
-            cache = DynamicCache(config=target.config)
+            kv = {cache_kwarg(target): DynamicCache(config=target.config)}
             with torch.no_grad(), tree_attention(target, "sdpa") if ours else nullcontext():
                 assert (target.config._attn_implementation == "draftsmith_sdpa") == ours
-                target(input_ids=ids, past_key_values=cache, use_cache=True)
+                target(input_ids=ids, **kv, use_cache=True)
                 logits.append(
                     target(
                         input_ids=tree.tokens[None],
                         position_ids=(prefix + tree.depths)[None],
                         attention_mask=mask[None, None],
-                        past_key_values=cache,
+                        **kv,
                         use_cache=True,
                     ).logits
                 )
