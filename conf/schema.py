@@ -19,6 +19,16 @@ def _check(value: str, allowed: tuple[str, ...], key: str) -> None:
         raise ValueError(f"{key}={value!r} is not one of {list(allowed)}")
 
 
+def _check_sampling(group: str, temperature: float, top_p: float, top_k: int = 0) -> None:
+    """Sampling keys transformers' warpers accept (0 temperature = greedy), checked when the
+    config is built rather than mid-stage."""
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        raise ValueError(
+            f"{group}.temperature={temperature} must be >= 0, {group}.top_p={top_p} in (0, 1]"
+            + (f" and {group}.top_k={top_k} >= 0" if top_k else "")
+        )
+
+
 @dataclass
 class TargetConfig:
     # local folder, hub id, embedded asset name, or "tiny-random-llama"
@@ -60,6 +70,9 @@ class RegenConfig:
     # regenerate only the first N conversations of each split (null = all); the rest keep
     # their original answers (regeneration is the slow part of prepare on a CPU)
     rows: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_sampling("data.regen", self.temperature, self.top_p)
 
 
 @dataclass
@@ -188,11 +201,7 @@ class SamplingKeys:
     top_k: int = 0
 
     def check_sampling(self, group: str) -> None:
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError(
-                f"{group}.temperature={self.temperature} must be >= 0, {group}.top_p="
-                f"{self.top_p} in (0, 1] and {group}.top_k={self.top_k} >= 0"
-            )
+        _check_sampling(group, self.temperature, self.top_p, self.top_k)
 
 
 @dataclass

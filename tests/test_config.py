@@ -54,14 +54,23 @@ def test_unknown_stage_fails() -> None:
         compose(["stages=[prepare,trian]"])
 
 
-@pytest.mark.parametrize("group", ["eval", "generate"])
-@pytest.mark.parametrize("override", ["temperature=-0.5", "top_p=0", "top_p=1.5", "top_k=-1"])
+BAD_SAMPLING = [
+    (group, override)
+    for group in ("eval", "generate", "data.regen")
+    for override in ("temperature=-0.5", "top_p=0", "top_p=1.5", "top_k=-1")
+    if not (group == "data.regen" and override.startswith("top_k"))  # regeneration has no top_k
+]
+
+
+@pytest.mark.parametrize(("group", "override"), BAD_SAMPLING)
 def test_bad_sampling_fails(group: str, override: str) -> None:
-    """eval and generate share their sampling keys and their checks."""
+    """eval, generate and regeneration check their sampling keys alike, when the config is
+    built rather than mid-stage."""
     with pytest.raises(ValueError, match=re.escape(f"{group}.{override}")):
         compose([f"{group}.{override}"])
-    cfg = compose([f"{group}.temperature=0.7", f"{group}.top_p=0.9", f"{group}.top_k=50"])
-    assert (getattr(cfg, group).temperature, getattr(cfg, group).top_k) == (0.7, 50)
+    cfg = compose([f"{group}.temperature=0.7", f"{group}.top_p=0.9"])
+    section = cfg.data.regen if group == "data.regen" else getattr(cfg, group)
+    assert (section.temperature, section.top_p) == (0.7, 0.9)
 
 
 def test_draft_vocab_for_a_head_with_its_own_fails() -> None:
