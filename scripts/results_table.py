@@ -102,6 +102,11 @@ def run_rows(run: Path) -> Tables:
     return tables
 
 
+def row_cells(cells: dict, columns: list) -> str:
+    """A table row's tau cells in `columns` order ("-" where that column was not measured)."""
+    return "".join(f" {cells[c]:.2f} |" if c in cells else " - |" for c in columns)
+
+
 def plot_taus(taus: list[tuple[str, float]], out: Path) -> None:
     """One bar per eval: the acceptance lengths side by side."""
     import matplotlib
@@ -147,8 +152,7 @@ def main() -> None:
     tables = Tables()
     for run in sorted((store / "runs").glob("*")):
         tables.add(run_rows(run))
-    by_category = tables.by_category
-    categories = sorted({name for cells in by_category.values() for name in cells})
+    categories = sorted({name for cells in tables.by_category.values() for name in cells})
     if tables.taus:
         plot_taus(tables.taus, store / "tau.png")
     lines = [
@@ -171,22 +175,16 @@ def main() -> None:
         "",
         "| run | head | tree | " + " | ".join(f"{b} T{t:g}" for b, t in MATRIX) + " |",
         "|---|---|---|" + "---:|" * len(MATRIX),
-        *(
-            key + "".join(f" {cells[c]:.2f} |" if c in cells else " - |" for c in MATRIX)
-            for key, cells in tables.matrix.items()
-        ),
+        *(key + row_cells(cells, MATRIX) for key, cells in tables.matrix.items()),
         "",
     ]
-    if by_category:
+    if tables.by_category:
         lines += [
             "Tau by benchmark category (where the benchmark's rows name one):",
             "",
             "| run | benchmark | T | tree | all | " + " | ".join(categories) + " |",
             "|---|---|---:|---|---:|" + "---:|" * len(categories),
-            *(
-                label + "".join(f" {cells[c]:.2f} |" if c in cells else " - |" for c in categories)
-                for label, cells in by_category.items()
-            ),
+            *(label + row_cells(cells, categories) for label, cells in tables.by_category.items()),
             "",
         ]
     lines += [
