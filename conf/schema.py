@@ -19,16 +19,6 @@ def _check(value: str, allowed: tuple[str, ...], key: str) -> None:
         raise ValueError(f"{key}={value!r} is not one of {list(allowed)}")
 
 
-def _check_sampling(group: str, temperature: float, top_p: float, top_k: int = 0) -> None:
-    """Sampling keys transformers' warpers accept (0 temperature = greedy), checked when the
-    config is built rather than mid-stage."""
-    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-        raise ValueError(
-            f"{group}.temperature={temperature} must be >= 0, {group}.top_p={top_p} in (0, 1]"
-            + (f" and {group}.top_k={top_k} >= 0" if top_k else "")
-        )
-
-
 @dataclass
 class TargetConfig:
     # local folder, hub id, embedded asset name, or "tiny-random-llama"
@@ -44,11 +34,31 @@ class TargetConfig:
 
 
 @dataclass
-class RegenConfig:
-    # new tokens per answer; 0 temperature = greedy
-    max_new_tokens: int = 256
+class SamplingKeys:
+    """The sampling keys eval, generate and regeneration share: 0 temperature = greedy;
+    otherwise sampling with these warpers, in transformers' order
+    (draftsmith.inference.verify.Sampling)."""
+
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
+
+    def check_sampling(self, group: str) -> None:
+        """Values transformers' warpers accept, checked when the config is built rather than
+        mid-stage."""
+        t, p, k = self.temperature, self.top_p, self.top_k
+        if t < 0 or not 0 < p <= 1 or k < 0:
+            raise ValueError(
+                f"{group}.temperature={t} must be >= 0, {group}.top_p={p} in (0, 1]"
+                + (f" and {group}.top_k={k} >= 0" if k else "")
+            )
+
+
+@dataclass
+class RegenConfig(SamplingKeys):
+    # (temperature / top_p / top_k: SamplingKeys; 0 temperature = greedy)
+    # new tokens per answer
+    max_new_tokens: int = 256
     # "padded": length-sorted, left-padded batches; a row leaves the batch and its KV cache at
     # EOS. "generate": transformers generate() on the same batches (finished rows keep stepping
     # until the longest answer ends). "continuous": transformers generate_batch() (continuous
@@ -72,7 +82,7 @@ class RegenConfig:
     rows: int | None = None
 
     def __post_init__(self) -> None:
-        _check_sampling("data.regen", self.temperature, self.top_p)
+        self.check_sampling("data.regen")
 
 
 @dataclass
@@ -189,19 +199,6 @@ class ExportConfig:
     overwrite: bool = False
     # draft tokens per step written into the vLLM speculators config
     num_speculative_tokens: int = 3
-
-
-@dataclass
-class SamplingKeys:
-    """The sampling keys eval and generate share: 0 temperature = greedy; otherwise sampling
-    with these warpers, in transformers' order (draftsmith.inference.verify.Sampling)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-    def check_sampling(self, group: str) -> None:
-        _check_sampling(group, self.temperature, self.top_p, self.top_k)
 
 
 @dataclass

@@ -58,7 +58,6 @@ BAD_SAMPLING = [
     (group, override)
     for group in ("eval", "generate", "data.regen")
     for override in ("temperature=-0.5", "top_p=0", "top_p=1.5", "top_k=-1")
-    if not (group == "data.regen" and override.startswith("top_k"))  # regeneration has no top_k
 ]
 
 
@@ -68,9 +67,9 @@ def test_bad_sampling_fails(group: str, override: str) -> None:
     built rather than mid-stage."""
     with pytest.raises(ValueError, match=re.escape(f"{group}.{override}")):
         compose([f"{group}.{override}"])
-    cfg = compose([f"{group}.temperature=0.7", f"{group}.top_p=0.9"])
+    cfg = compose([f"{group}.temperature=0.7", f"{group}.top_p=0.9", f"{group}.top_k=5"])
     section = cfg.data.regen if group == "data.regen" else getattr(cfg, group)
-    assert (section.temperature, section.top_p) == (0.7, 0.9)
+    assert (section.temperature, section.top_p, section.top_k) == (0.7, 0.9, 5)
 
 
 def test_draft_vocab_for_a_head_with_its_own_fails() -> None:

@@ -177,21 +177,57 @@ def test_regeneration_engines_give_the_targets_greedy_answers(tiny_target, tiny_
         generate_answers(tiny_target, tiny_tokenizer, prompts, RegenConfig(engine="vllm"))
 
 
-def test_sampled_regeneration(tiny_target, tiny_tokenizer) -> None:
-    """Sampling goes through temperature and top-p: a top-p that keeps one token is greedy, a
-    full one at temperature 1 leaves the greedy path."""
+def test_sampled_regeneration(tiny_target, tiny_tokenizer, monkeypatch) -> None:
+    """Sampling goes through temperature, top-k and top-p, alike in every engine: a top-p or a
+    top-k that keeps one token is greedy, a full one at temperature 1 leaves the greedy path,
+    and top_k=0 means no top-k, whatever the checkpoint's generation config says."""
     from draftsmith.conf.schema import RegenConfig
     from draftsmith.train.regenerate import generate_answers
 
     prompts = [list(range(5, 5 + n)) for n in (3, 17, 9)]
 
-    def run(**sampling) -> list:
-        cfg = RegenConfig(max_new_tokens=10, batch_size=3, **sampling)
-        return generate_answers(tiny_target, tiny_tokenizer, prompts, cfg)
+    def run(engine: str = "padded", rows: list = prompts, **sampling) -> list:
+        cfg = RegenConfig(max_new_tokens=10, batch_size=len(rows), engine=engine, **sampling)
+        return generate_answers(tiny_target, tiny_tokenizer, rows, cfg)
 
     greedy = run()
-    torch.manual_seed(0)
-    assert run(temperature=1.0, top_p=1e-6) == greedy
-    torch.manual_seed(0)
-    sampled = run(temperature=1.0, top_p=1.0)
-    assert sampled != greedy and all(len(a) == 10 for a in sampled)
+    # as checkpoints often ship it (generation_config.json); transformers' engines would apply it
+    monkeypatch.setattr(tiny_target.generation_config, "top_k", 20)
+    for engine in ("padded", "generate", "continuous"):
+        torch.manual_seed(0)
+        assert run(engine, temperature=1.0, top_p=1e-6) == greedy, engine
+        torch.manual_seed(0)
+        assert run(engine, temperature=1.0, top_k=1) == greedy, engine
+        torch.manual_seed(0)
+        sampled = run(engine, temperature=1.0, top_p=1.0)
+        assert sampled != greedy and all(len(a) == 10 for a in sampled), engine
+        # one context, near-uniform over the 259-token vocabulary: 64 first tokens drawn from
+        # all of it (~56 distinct), not from the checkpoint's top 20
+        torch.manual_seed(0)
+        flat = run(engine, [[5, 6]] * 64, temperature=100.0)
+        assert len({t for a in flat for t in a[:1]}) > 30, engine
+
+
+def test_regeneration_chunk_names_follow_their_settings() -> None:
+    """A chunk's name changes with any setting that changes its answers, and chunks written
+    before top_k existed (no top_k, or top_k=0) keep their names, so they are not redone."""
+    from types import SimpleNamespace
+
+    from draftsmith.conf.schema import RegenConfig
+    from draftsmith.train.regenerate import chunk_path
+
+    target = SimpleNamespace(config=SimpleNamespace(_name_or_path="smollm2-135m-instruct"))
+    chunk = [Conversation("a", []), Conversation("b", [])]
+
+    def name(**settings) -> str:
+        return chunk_path(Path("r"), 3, chunk, target, RegenConfig(**settings)).name
+
+    assert name(temperature=0.7, top_p=0.9) == "chunk_00003_52791ea5cc16.jsonl"  # as before
+    names = {
+        name(temperature=0.7, top_p=0.9, top_k=5),
+        name(temperature=0.7, top_p=0.8),
+        name(temperature=0.7, top_p=0.9, max_new_tokens=64),
+        name(temperature=0.7, top_p=0.9, max_prompt_len=512),
+        name(temperature=0.7, top_p=0.9),
+    }
+    assert len(names) == 5

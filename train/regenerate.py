@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 from transformers import DynamicCache
-from transformers.generation import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 from draftsmith.conf.schema import RegenConfig
 from draftsmith.conversations import Conversation, Turn
 from draftsmith.files import write_text_atomic
+from draftsmith.inference.verify import Sampling
 from draftsmith.target import cache_kwarg
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
@@ -37,7 +37,9 @@ def _sampling(tokenizer, cfg: RegenConfig) -> dict:
         "eos_token_id": tokenizer.eos_token_id,
     }
     if cfg.temperature > 0:
-        kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p)
+        # top_k always passed: left out, a checkpoint's generation_config.json may set its own
+        # (many ship top_k 20 or 50), which the padded engine would not apply
+        kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
     return kwargs
 
 
@@ -67,9 +69,7 @@ def _generate_dropping(target, tokenizer, prompts: list[list[int]], cfg: RegenCo
     which made it 1.23x slower on 32 ShareGPT first turns (scripts/bench_data.py)."""
     ids, mask = _left_padded(target, tokenizer, prompts)  # [B, W]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, W]: left pads do not shift positions
-    warp = LogitsProcessorList()
-    if cfg.temperature > 0:
-        warp += [TemperatureLogitsWarper(cfg.temperature), TopPLogitsWarper(cfg.top_p)]
+    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k)
     cache = DynamicCache(config=target.config)
     kv = {cache_kwarg(target): cache}
     rows = torch.arange(len(prompts), device=ids.device)  # [b] prompt index of each live row
@@ -89,9 +89,8 @@ def _generate_dropping(target, tokenizer, prompts: list[list[int]], cfg: RegenCo
             .logits[:, -1]
             .float()
         )  # [b, V]
-        if cfg.temperature > 0:
-            probs = warp(step_ids, logits).softmax(-1)  # [b, V]
-            token = torch.multinomial(probs, 1).squeeze(1)  # [b]
+        if not sampling.greedy:
+            token = torch.multinomial(sampling.probs(logits), 1).squeeze(1)  # [b]
         else:
             token = logits.argmax(-1)  # [b]
         for row, t in zip(rows.tolist(), token.tolist()):
@@ -224,6 +223,8 @@ def chunk_path(
 ) -> Path:
     """Where chunk `index` lives; the name changes whenever its inputs do (see module doc)."""
     settings = (cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.max_prompt_len)
+    if cfg.top_k:  # only when set, so chunks written before top_k existed keep their names
+        settings += (cfg.top_k,)
     key = [getattr(target.config, "_name_or_path", ""), *map(str, settings), *(c.id for c in chunk)]
     digest = hashlib.sha256("\n".join(key).encode()).hexdigest()[:12]
     return folder / f"chunk_{index:05d}_{digest}.jsonl"
