@@ -28,7 +28,7 @@ from draftsmith.heads.vocab import frequent_tokens
 from draftsmith.inference.decoder import STEP_PARTS, DecodeStats, SpecDecoder
 from draftsmith.inference.report import write_report, write_sweep_summary
 from draftsmith.inference.tree import TreeSpec
-from draftsmith.inference.verify import Sampling
+from draftsmith.inference.verify import Sampling, generate_kwargs
 from draftsmith.packed import pack_linears
 from draftsmith.target import (
     compile_target,
@@ -115,20 +115,6 @@ def draft_vocabulary(cfg: Config, info: TargetInfo) -> torch.Tensor | None:
 
 def _packs(cfg: Config) -> bool:
     return cfg.target.pack_linears and not cfg.eval.compile
-
-
-def generate_kwargs(tokenizer, sampling: Sampling, max_new_tokens: int) -> dict:
-    """transformers `generate` settings for plain decoding with `sampling`, as the speculative
-    decoder samples."""
-    kwargs = {
-        "max_new_tokens": max_new_tokens,
-        "do_sample": not sampling.greedy,
-        "pad_token_id": tokenizer.pad_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-    }
-    if not sampling.greedy:
-        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
-    return kwargs
 
 
 def machine_info(cfg: Config) -> dict:

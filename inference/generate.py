@@ -35,9 +35,8 @@ from draftsmith.inference.eval import (
     decoding_target,
     draft_vocabulary,
     first_divergence,
-    generate_kwargs,
 )
-from draftsmith.inference.verify import Sampling
+from draftsmith.inference.verify import Sampling, generate_kwargs
 from draftsmith.target import load_tokenizer
 
 

@@ -50,6 +50,21 @@ class Sampling:
         return torch.softmax(scores, dim=-1)
 
 
+def generate_kwargs(tokenizer, sampling: Sampling, max_new_tokens: int) -> dict:
+    """transformers `generate` settings for plain decoding with `sampling`, as the speculative
+    decoder samples. top_k goes in even when 0 (off): left out, a checkpoint's
+    generation_config.json may set its own (many ship 20 or 50) and generate would apply it."""
+    kwargs = {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": not sampling.greedy,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    if not sampling.greedy:
+        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    return kwargs
+
+
 def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> int:
     """One token from one row of logits [V] (argmax or a sample)."""
     if sampling.greedy:

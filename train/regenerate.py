@@ -24,23 +24,17 @@ from transformers import DynamicCache
 from draftsmith.conf.schema import RegenConfig
 from draftsmith.conversations import Conversation, Turn
 from draftsmith.files import write_text_atomic
-from draftsmith.inference.verify import Sampling
+from draftsmith.inference.verify import Sampling, generate_kwargs
 from draftsmith.target import cache_kwarg
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
 
-def _sampling(tokenizer, cfg: RegenConfig) -> dict:
-    kwargs = {
-        "do_sample": cfg.temperature > 0,
-        "max_new_tokens": cfg.max_new_tokens,
-        "pad_token_id": tokenizer.pad_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-    }
-    if cfg.temperature > 0:
-        # top_k always passed: left out, a checkpoint's generation_config.json may set its own
-        # (many ship top_k 20 or 50), which the padded engine would not apply
-        kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
-    return kwargs
+def _sampling(cfg: RegenConfig) -> Sampling:
+    return Sampling(cfg.temperature, cfg.top_p, cfg.top_k)
+
+
+def _generate_kwargs(tokenizer, cfg: RegenConfig) -> dict:
+    return generate_kwargs(tokenizer, _sampling(cfg), cfg.max_new_tokens)
 
 
 def _left_padded(target, tokenizer, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,8 +51,9 @@ def _left_padded(target, tokenizer, prompts: list[list[int]]) -> tuple[torch.Ten
 def _generate_hf(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list[list]:
     """transformers `generate` over one left-padded batch (every row runs until the last ends)."""
     ids, mask = _left_padded(target, tokenizer, prompts)
+    kwargs = _generate_kwargs(tokenizer, cfg)
     with torch.no_grad():
-        out = target.generate(input_ids=ids, attention_mask=mask, **_sampling(tokenizer, cfg))
+        out = target.generate(input_ids=ids, attention_mask=mask, **kwargs)
     return out[:, ids.shape[1] :].tolist()
 
 
@@ -69,7 +64,7 @@ def _generate_dropping(target, tokenizer, prompts: list[list[int]], cfg: RegenCo
     which made it 1.23x slower on 32 ShareGPT first turns (scripts/bench_data.py)."""
     ids, mask = _left_padded(target, tokenizer, prompts)  # [B, W]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, W]: left pads do not shift positions
-    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k)
+    sampling = _sampling(cfg)
     cache = DynamicCache(config=target.config)
     kv = {cache_kwarg(target): cache}
     rows = torch.arange(len(prompts), device=ids.device)  # [b] prompt index of each live row
@@ -118,7 +113,7 @@ def _generate_continuous(target, tokenizer, prompts: list[list[int]], cfg: Regen
     with torch.no_grad():
         results = target.generate_batch(
             prompts,
-            generation_config=GenerationConfig(**_sampling(tokenizer, cfg)),
+            generation_config=GenerationConfig(**_generate_kwargs(tokenizer, cfg)),
             continuous_batching_config=ContinuousBatchingConfig(
                 max_requests_per_batch=cfg.batch_size, max_batch_tokens=cfg.max_batch_tokens
             ),
