@@ -113,10 +113,24 @@ def load_target(
     model.to(device)
     model.eval()
     model.requires_grad_(False)
+    model.generation_config = _special_tokens_only(model.generation_config)
     head = model.get_output_embeddings()
     if head is not None:
         head.register_forward_pre_hook(_contiguous_input)
     return model
+
+
+def _special_tokens_only(config):
+    """The checkpoint's generation config without its decoding defaults. draftsmith decodes
+    with exactly the keys it is given (eval, generate, regeneration), but transformers'
+    `generate`, which the baselines and regeneration call, applies whatever the checkpoint's
+    generation_config.json sets unless overridden: Qwen2.5 ships repetition_penalty 1.05, which
+    changes even greedy decoding; others ship top_k, no_repeat_ngram_size or min_new_tokens.
+    The speculative decoder applies none of them, so they would make plain decoding differ."""
+    from transformers import GenerationConfig
+
+    keep = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+    return GenerationConfig(**{k: getattr(config, k, None) for k in keep})
 
 
 def _contiguous_input(module: torch.nn.Module, args: tuple) -> tuple:

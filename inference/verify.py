@@ -52,8 +52,8 @@ class Sampling:
 
 def generate_kwargs(tokenizer, sampling: Sampling, max_new_tokens: int) -> dict:
     """transformers `generate` settings for plain decoding with `sampling`, as the speculative
-    decoder samples. top_k goes in even when 0 (off): left out, a checkpoint's
-    generation_config.json may set its own (many ship 20 or 50) and generate would apply it."""
+    decoder samples. top_k goes in even when 0 (off), so a model's own generation config
+    cannot add one (load_target already drops a checkpoint's decoding defaults)."""
     kwargs = {
         "max_new_tokens": max_new_tokens,
         "do_sample": not sampling.greedy,

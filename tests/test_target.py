@@ -86,3 +86,29 @@ def test_compiled_target_captures_the_layers_each_head_asks_for() -> None:
         torch.testing.assert_close(hidden_c, hidden)
         if aux_layers:
             torch.testing.assert_close(aux_c, aux)
+
+
+def test_checkpoint_generation_defaults_are_not_applied(make_tiny, tiny_target_dir: Path) -> None:
+    """A checkpoint's generation_config.json (here a repetition penalty, an n-gram ban and
+    sampling defaults, as Qwen2.5 and others ship) does not change how transformers' generate
+    decodes the loaded target: the baselines and regeneration decode as the speculative decoder
+    does, plain greedy unless draftsmith's own sampling keys say otherwise."""
+    import json
+
+    from draftsmith.inference.verify import Sampling, generate_kwargs
+
+    folder = make_tiny()
+    config = folder / "generation_config.json"
+    settings = json.loads(config.read_text()) if config.exists() else {}
+    settings |= {"repetition_penalty": 1.3, "no_repeat_ngram_size": 2, "do_sample": True}
+    settings |= {"temperature": 0.6, "top_k": 20}
+    config.write_text(json.dumps(settings))
+    tokenizer = load_tokenizer(str(folder))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    outputs = [
+        load_target(str(path)).generate(ids, **generate_kwargs(tokenizer, Sampling(), 30))
+        for path in (folder, tiny_target_dir)
+    ]
+    assert outputs[0].tolist() == outputs[1].tolist()
+    # the special tokens stay
+    assert load_target(str(folder)).generation_config.eos_token_id == tokenizer.eos_token_id
