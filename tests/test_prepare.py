@@ -180,7 +180,7 @@ def test_regeneration_engines_give_the_targets_greedy_answers(tiny_target, tiny_
 def test_sampled_regeneration(tiny_target, tiny_tokenizer, monkeypatch) -> None:
     """Sampling goes through temperature, top-k and top-p, alike in every engine: a top-p or a
     top-k that keeps one token is greedy, a full one at temperature 1 leaves the greedy path,
-    and top_k=0 means no top-k, whatever the checkpoint's generation config says."""
+    and top_k=0 means no top-k, whatever the model's own generation config says."""
     from draftsmith.conf.schema import RegenConfig
     from draftsmith.train.regenerate import generate_answers
 
@@ -191,7 +191,8 @@ def test_sampled_regeneration(tiny_target, tiny_tokenizer, monkeypatch) -> None:
         return generate_answers(tiny_target, tiny_tokenizer, rows, cfg)
 
     greedy = run()
-    # as checkpoints often ship it (generation_config.json); transformers' engines would apply it
+    # load_target drops a checkpoint's decoding defaults, but a model built otherwise may carry
+    # one, and transformers' engines would apply it unless told top_k
     monkeypatch.setattr(tiny_target.generation_config, "top_k", 20)
     for engine in ("padded", "generate", "continuous"):
         torch.manual_seed(0)
