@@ -105,10 +105,8 @@ def test_checkpoint_generation_defaults_are_not_applied(make_tiny, tiny_target_d
     config.write_text(json.dumps(settings))
     tokenizer = load_tokenizer(str(folder))
     ids = torch.tensor([[5, 6, 7, 8]])
-    outputs = [
-        load_target(str(path)).generate(ids, **generate_kwargs(tokenizer, Sampling(), 30))
-        for path in (folder, tiny_target_dir)
-    ]
+    models = [load_target(str(path)) for path in (folder, tiny_target_dir)]
+    outputs = [m.generate(ids, **generate_kwargs(tokenizer, Sampling(), 30)) for m in models]
     assert outputs[0].tolist() == outputs[1].tolist()
     # the special tokens stay
-    assert load_target(str(folder)).generation_config.eos_token_id == tokenizer.eos_token_id
+    assert models[0].generation_config.eos_token_id == tokenizer.eos_token_id
