@@ -120,6 +120,16 @@ def load_target(
     return model
 
 
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """The ids that end a reply: the tokenizer's eos, then any the model's generation config
+    lists (Llama-3 instruct checkpoints stop on both <|eot_id|> and <|end_of_text|>, and
+    transformers' `generate` stops on that list). Every decoder, baseline and regeneration
+    stops on this same set, so their outputs stay comparable token for token."""
+    listed = getattr(model.generation_config, "eos_token_id", None)
+    listed = listed if isinstance(listed, list) else [listed]
+    return list(dict.fromkeys(i for i in [tokenizer.eos_token_id, *listed] if i is not None))
+
+
 def _special_tokens_only(config):
     """The checkpoint's generation config without its decoding defaults. draftsmith decodes
     with exactly the keys it is given (eval, generate, regeneration), but transformers'

@@ -34,6 +34,7 @@ from draftsmith.target import (
     compile_target,
     load_target,
     load_tokenizer,
+    stop_token_ids,
     target_name,
     torch_dtype,
 )
@@ -177,8 +178,9 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     prompts, categories = benchmark_prompts(cfg, tokenizer)
     e = cfg.eval
     sampling = Sampling(e.temperature, e.top_p, e.top_k)
-    eos = {tokenizer.eos_token_id}
-    gen_kwargs = generate_kwargs(tokenizer, sampling, e.max_new_tokens)
+    stops = stop_token_ids(target, tokenizer)
+    eos = set(stops)
+    gen_kwargs = generate_kwargs(tokenizer, sampling, e.max_new_tokens, stops)
     by_run = {c.run: c for c in contenders}
     methods = [*by_run, *e.baselines]
 

@@ -37,7 +37,7 @@ from draftsmith.inference.eval import (
     first_divergence,
 )
 from draftsmith.inference.verify import Sampling, generate_kwargs
-from draftsmith.target import load_tokenizer
+from draftsmith.target import load_tokenizer, stop_token_ids
 
 
 class TextStream(TextStreamer):
@@ -77,7 +77,8 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     decoder = SpecDecoder(target, head, cfg.tree, vocab)
     sampling = Sampling(g.temperature, g.top_p, g.top_k)
     prompt = chat_prompt(tokenizer, text)
-    eos = {tokenizer.eos_token_id}
+    stops = stop_token_ids(target, tokenizer)
+    eos = set(stops)
     ids = torch.tensor([prompt], device=cfg.device)
 
     def speculative(
@@ -88,7 +89,7 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
 
     def plain(max_new_tokens: int) -> list[int]:
         torch.manual_seed(cfg.seed)
-        kwargs = generate_kwargs(tokenizer, sampling, max_new_tokens)
+        kwargs = generate_kwargs(tokenizer, sampling, max_new_tokens, stops)
         with torch.no_grad():
             return target.generate(ids, **kwargs)[0, len(prompt) :].tolist()
 

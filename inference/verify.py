@@ -50,15 +50,18 @@ class Sampling:
         return torch.softmax(scores, dim=-1)
 
 
-def generate_kwargs(tokenizer, sampling: Sampling, max_new_tokens: int) -> dict:
-    """transformers `generate` settings for plain decoding with `sampling`, as the speculative
-    decoder samples. top_k goes in even when 0 (off), so a model's own generation config
-    cannot add one (load_target already drops a checkpoint's decoding defaults)."""
+def generate_kwargs(
+    tokenizer, sampling: Sampling, max_new_tokens: int, stop_ids: list[int]
+) -> dict:
+    """transformers `generate` settings for plain decoding with `sampling` until one of
+    `stop_ids` (target.stop_token_ids), as the speculative decoder samples and stops. top_k
+    goes in even when 0 (off), so a model's own generation config cannot add one (load_target
+    already drops a checkpoint's decoding defaults)."""
     kwargs = {
         "max_new_tokens": max_new_tokens,
         "do_sample": not sampling.greedy,
         "pad_token_id": tokenizer.pad_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
+        "eos_token_id": stop_ids,
     }
     if not sampling.greedy:
         kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)

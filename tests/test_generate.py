@@ -88,3 +88,21 @@ def test_a_divergence_is_located() -> None:
     assert "at token 2 (in float32 this is a bug" in generate._agreement(
         [1, 2], [1, 2, 3], "float32"
     )
+
+
+def test_stops_on_every_stop_id_the_checkpoint_lists(head_dir: Path, make_tiny) -> None:
+    """A generation config listing a second stop id (as Llama-3 instruct checkpoints do) ends
+    the speculative output and the target's own at its first occurrence, identically."""
+    import json
+
+    folder = make_tiny()
+    cfg = [*overrides(head_dir, "generate.compare=true"), f"target.path={folder}"]
+    full = generate.run(compose(cfg), out=io.StringIO())["tokens"]
+    stop = full[len(full) // 2]  # a token the target emits mid-reply
+    first = full.index(stop)
+    settings = json.loads((folder / "config.json").read_text())
+    ids = {k: settings[k] for k in ("bos_token_id", "pad_token_id")}
+    ids["eos_token_id"] = [settings["eos_token_id"], stop]
+    (folder / "generation_config.json").write_text(json.dumps(ids))
+    result = generate.run(compose(cfg), out=io.StringIO())
+    assert result["tokens"] == result["vanilla_tokens"] == full[: first + 1]

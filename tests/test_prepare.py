@@ -139,9 +139,12 @@ def test_prepare_with_regeneration_resumes(tmp_path: Path, monkeypatch) -> None:
 
 
 @pytest.mark.filterwarnings("error:`past_key_values`:FutureWarning")  # deprecated keyword
-def test_regeneration_engines_give_the_targets_greedy_answers(tiny_target, tiny_tokenizer) -> None:
+def test_regeneration_engines_give_the_targets_greedy_answers(
+    tiny_target, tiny_tokenizer, monkeypatch
+) -> None:
     """Every regeneration engine gives the target's own greedy answers, prompt for prompt, also
-    when rows end at EOS at different steps (the padded engine then drops them from the batch)."""
+    when rows end at EOS at different steps (the padded engine then drops them from the batch),
+    whether the tokenizer names that stop id or only the model's generation config lists it."""
     from types import SimpleNamespace
 
     from draftsmith.conf.schema import RegenConfig
@@ -173,6 +176,10 @@ def test_regeneration_engines_give_the_targets_greedy_answers(tiny_target, tiny_
     expected = [a[: a.index(eos)] if eos in a else a for a in full["padded"]]
     assert cut["padded"] == cut["generate"] == expected
     assert len({len(a) for a in expected}) > 1
+    listed = [tiny_tokenizer.eos_token_id, eos]
+    monkeypatch.setattr(tiny_target.generation_config, "eos_token_id", listed)
+    cut = answers(tiny_tokenizer)
+    assert cut["padded"] == cut["generate"] == cut["continuous"] == expected
     with pytest.raises(ValueError, match="data.regen.engine"):
         generate_answers(tiny_target, tiny_tokenizer, prompts, RegenConfig(engine="vllm"))
 

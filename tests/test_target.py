@@ -106,7 +106,8 @@ def test_checkpoint_generation_defaults_are_not_applied(make_tiny, tiny_target_d
     tokenizer = load_tokenizer(str(folder))
     ids = torch.tensor([[5, 6, 7, 8]])
     models = [load_target(str(path)) for path in (folder, tiny_target_dir)]
-    outputs = [m.generate(ids, **generate_kwargs(tokenizer, Sampling(), 30)) for m in models]
+    kwargs = generate_kwargs(tokenizer, Sampling(), 30, [tokenizer.eos_token_id])
+    outputs = [m.generate(ids, **kwargs) for m in models]
     assert outputs[0].tolist() == outputs[1].tolist()
     # the special tokens stay
     assert models[0].generation_config.eos_token_id == tokenizer.eos_token_id

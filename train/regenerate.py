@@ -25,7 +25,7 @@ from draftsmith.conf.schema import RegenConfig
 from draftsmith.conversations import Conversation, Turn
 from draftsmith.files import write_text_atomic
 from draftsmith.inference.verify import Sampling, generate_kwargs
-from draftsmith.target import cache_kwarg
+from draftsmith.target import cache_kwarg, stop_token_ids
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
 
@@ -33,8 +33,9 @@ def _sampling(cfg: RegenConfig) -> Sampling:
     return Sampling(cfg.temperature, cfg.top_p, cfg.top_k)
 
 
-def _generate_kwargs(tokenizer, cfg: RegenConfig) -> dict:
-    return generate_kwargs(tokenizer, _sampling(cfg), cfg.max_new_tokens)
+def _generate_kwargs(target, tokenizer, cfg: RegenConfig) -> dict:
+    stops = stop_token_ids(target, tokenizer)
+    return generate_kwargs(tokenizer, _sampling(cfg), cfg.max_new_tokens, stops)
 
 
 def _left_padded(target, tokenizer, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +52,7 @@ def _left_padded(target, tokenizer, prompts: list[list[int]]) -> tuple[torch.Ten
 def _generate_hf(target, tokenizer, prompts: list[list[int]], cfg: RegenConfig) -> list[list]:
     """transformers `generate` over one left-padded batch (every row runs until the last ends)."""
     ids, mask = _left_padded(target, tokenizer, prompts)
-    kwargs = _generate_kwargs(tokenizer, cfg)
+    kwargs = _generate_kwargs(target, tokenizer, cfg)
     with torch.no_grad():
         out = target.generate(input_ids=ids, attention_mask=mask, **kwargs)
     return out[:, ids.shape[1] :].tolist()
@@ -69,7 +70,7 @@ def _generate_dropping(target, tokenizer, prompts: list[list[int]], cfg: RegenCo
     kv = {cache_kwarg(target): cache}
     rows = torch.arange(len(prompts), device=ids.device)  # [b] prompt index of each live row
     answers: list[list[int]] = [[] for _ in prompts]
-    eos = tokenizer.eos_token_id
+    stops = torch.tensor(stop_token_ids(target, tokenizer), device=ids.device)  # [s]
     step_ids, step_pos = ids, positions
     for _ in range(cfg.max_new_tokens):
         logits = (
@@ -91,7 +92,7 @@ def _generate_dropping(target, tokenizer, prompts: list[list[int]], cfg: RegenCo
         for row, t in zip(rows.tolist(), token.tolist()):
             answers[row].append(t)
         # [b]: rows still going
-        live = token != eos if eos is not None else torch.ones_like(token, dtype=torch.bool)
+        live = ~torch.isin(token, stops)
         if not live.all():
             keep = live.nonzero().squeeze(1)  # [b']
             if keep.numel() == 0:
@@ -113,7 +114,7 @@ def _generate_continuous(target, tokenizer, prompts: list[list[int]], cfg: Regen
     with torch.no_grad():
         results = target.generate_batch(
             prompts,
-            generation_config=GenerationConfig(**_generate_kwargs(tokenizer, cfg)),
+            generation_config=GenerationConfig(**_generate_kwargs(target, tokenizer, cfg)),
             continuous_batching_config=ContinuousBatchingConfig(
                 max_requests_per_batch=cfg.batch_size, max_batch_tokens=cfg.max_batch_tokens
             ),
@@ -131,7 +132,8 @@ def _generate_continuous(target, tokenizer, prompts: list[list[int]], cfg: Regen
 def generate_answers(
     target, tokenizer, prompts: list[list[int]], cfg: RegenConfig, progress: tqdm | None = None
 ) -> list[list]:
-    """New tokens for every prompt, cut before EOS; `progress` advances by answered prompts."""
+    """New tokens for every prompt, cut before the first stop id (target.stop_token_ids);
+    `progress` advances by answered prompts."""
     batched = {"padded": _generate_dropping, "generate": _generate_hf}
     if cfg.engine == "continuous":
         rows = _generate_continuous(target, tokenizer, prompts, cfg)
@@ -148,8 +150,13 @@ def generate_answers(
         raise ValueError(
             f"data.regen.engine={cfg.engine!r}: expected 'padded', 'generate' or 'continuous'"
         )
-    eos = tokenizer.eos_token_id
-    return [row[: row.index(eos)] if eos in row else row for row in rows]
+    stops = set(stop_token_ids(target, tokenizer))
+    return [row[: _first_stop(row, stops)] for row in rows]
+
+
+def _first_stop(row: list[int], stops: set[int]) -> int:
+    """Index of the first stop id in `row`, or len(row)."""
+    return next((i for i, token in enumerate(row) if token in stops), len(row))
 
 
 def regenerate_chunk(
