@@ -15,3 +15,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   python -m pip install -q -e ".[dev]"
   touch "$stamp"
 fi
+# tcmalloc: the `draftsmith` command runs under it where it is installed (long training runs
+# keep their speed; glibc's heap fragments: draftsmith.allocator). Debian/Ubuntu as root only;
+# without it everything still runs, on glibc's malloc.
+if ! python -c "import ctypes.util, sys; sys.exit(not ctypes.util.find_library('tcmalloc_minimal'))" \
+  && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "venv.sh: installing libtcmalloc-minimal4 (apt-get)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get install -y -q libtcmalloc-minimal4 || { apt-get update -q && apt-get install -y -q libtcmalloc-minimal4; }; } >/dev/null 2>&1 \
+    || echo "venv.sh: could not install libtcmalloc-minimal4; draftsmith runs on glibc's malloc" >&2
+fi

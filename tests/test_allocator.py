@@ -37,3 +37,34 @@ def test_freed_big_blocks_are_reused_not_faulted_in_again() -> None:
     pages = 40_000_000 // 4096
     assert _faults_per_round("default") > 0.9 * pages  # the cost being removed is real here
     assert _faults_per_round("reuse") < 0.01 * pages
+
+
+# Re-executes itself under tcmalloc (as the `draftsmith` command does) and says whether the
+# library is mapped into the process that finally runs.
+EXEC_SCRIPT = """
+import sys
+from draftsmith.allocator import exec_under_tcmalloc
+exec_under_tcmalloc()
+with open("/proc/self/maps") as maps:
+    print("tcmalloc" in maps.read(), *sys.argv[1:])
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="LD_PRELOAD and /proc are Linux's")
+def test_the_command_reexecutes_itself_under_tcmalloc(tmp_path, monkeypatch) -> None:
+    from draftsmith.allocator import tcmalloc_library
+
+    if tcmalloc_library() is None:
+        pytest.skip("tcmalloc is not installed (scripts/venv.sh installs it where it can)")
+    script = tmp_path / "command.py"
+    script.write_text(EXEC_SCRIPT)
+
+    def run() -> str:
+        command = [sys.executable, str(script), "a", "b=1"]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv("DRAFTSMITH_MALLOC", raising=False)
+    assert run() == "True a b=1\n"  # the same arguments, now with tcmalloc mapped
+    monkeypatch.setenv("DRAFTSMITH_MALLOC", "glibc")
+    assert run() == "False a b=1\n"
