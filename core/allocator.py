@@ -9,10 +9,11 @@ Measured on 2 CPU cores (scripts/bench_train.py, 8 rows of 512 tokens): EAGLE-3 
 734 -> 1116 tokens/s, kernel time 16% -> 3%, page faults per step 394k -> 15k; the anonymous
 memory of 35 training steps stays within 5% of glibc's default. Collection: +10%.
 
-Even so, glibc's heap slows a long training process down as it fragments: on a 2-core Xeon,
-EAGLE-3 recipe training fell from ~2470 to ~2030 tokens/s over its first 300-600 steps, and a
-fresh process resumed from a step-500 checkpoint was back at ~2450. tcmalloc does not fragment
-that way: ~2900 falling to ~2760 and holding (docs/experiments.md, session 38). So the
+Even so, a long training process slows down as it ages under glibc's malloc (its heap grows and
+fragments): on a 2-core Xeon, EAGLE-3 recipe training fell from ~2470 to ~2030 tokens/s over its
+first 300-600 steps, and a fresh process resumed from a step-500 checkpoint was back at ~2450.
+Under tcmalloc the same training holds its speed: ~2900 settling at ~2760, and the recipe's 3924
+steps took 45.7 min instead of 78.1 (docs/experiments.md, session 38). So the
 `draftsmith` command re-executes itself with tcmalloc preloaded where the library is installed
 (scripts/venv.sh installs Debian's libtcmalloc-minimal4 where it can); `DRAFTSMITH_MALLOC=glibc`
 keeps glibc's malloc, with `reuse_freed_memory` as above.
@@ -60,7 +61,7 @@ def exec_under_tcmalloc() -> None:
     if library is None:
         return
     env = dict(os.environ, LD_PRELOAD=f"{library} {preload}".strip())
-    # tcmalloc reports every allocation above 1 GB on stderr (collection's batches reach that)
+    # tcmalloc prints a line for every allocation above 1 GB: big batches are no news here
     env.setdefault("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(2**40))
     sys.stdout.flush()
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
