@@ -13,7 +13,7 @@ first token comes from the prefill and is counted in neither.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -126,7 +126,7 @@ class SpecDecoder:
         prompt: list[int],
         max_new_tokens: int,
         sampling: Sampling | None = None,
-        eos_token_ids: set[int] | None = None,
+        eos_token_ids: Collection[int] | None = None,
         on_tokens: Callable[[list[int]], None] | None = None,
         generator: torch.Generator | None = None,
     ) -> tuple[list[int], DecodeStats]:
@@ -134,7 +134,7 @@ class SpecDecoder:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         sampling = sampling or Sampling()
-        eos = eos_token_ids or set()
+        eos = set(eos_token_ids or ())
         stats = DecodeStats()
         device = next(self.target.parameters()).device
         clock = _clock(device)

@@ -179,7 +179,6 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     e = cfg.eval
     sampling = Sampling(e.temperature, e.top_p, e.top_k)
     stops = stop_token_ids(target, tokenizer)
-    eos = set(stops)
     gen_kwargs = generate_kwargs(tokenizer, sampling, e.max_new_tokens, stops)
     by_run = {c.run: c for c in contenders}
     methods = [*by_run, *e.baselines]
@@ -189,7 +188,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
         if method in by_run:
             generator = torch.Generator().manual_seed(cfg.seed + index)
             return by_run[method].decoder.generate(
-                prompts[index], e.max_new_tokens, sampling, eos, generator=generator
+                prompts[index], e.max_new_tokens, sampling, stops, generator=generator
             )
         extra = {"prompt_lookup_num_tokens": e.lookup_tokens} if method == "lookup" else {}
         ids = torch.tensor([prompts[index]], device=cfg.device)

@@ -78,14 +78,13 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     sampling = Sampling(g.temperature, g.top_p, g.top_k)
     prompt = chat_prompt(tokenizer, text)
     stops = stop_token_ids(target, tokenizer)
-    eos = set(stops)
     ids = torch.tensor([prompt], device=cfg.device)
 
     def speculative(
         max_new_tokens: int, stream: Callable[[list[int]], None] | None = None
     ) -> tuple[list[int], DecodeStats]:
         generator = torch.Generator().manual_seed(cfg.seed)
-        return decoder.generate(prompt, max_new_tokens, sampling, eos, stream, generator)
+        return decoder.generate(prompt, max_new_tokens, sampling, stops, stream, generator)
 
     def plain(max_new_tokens: int) -> list[int]:
         torch.manual_seed(cfg.seed)
