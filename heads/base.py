@@ -351,7 +351,8 @@ def _soft_ce_chunks(
             probs = torch.softmax(target_logits, dim=-1)
             log_q = torch.log_softmax(logits.detach().float(), dim=-1)
             total += -(probs * log_q).sum()
-            correct += (log_q.argmax(-1) == target_logits.argmax(-1)).sum()
+            # max().indices = argmax (first maximum), ~3x faster on CPU over [c, V] blocks
+            correct += (log_q.max(-1).indices == target_logits.max(-1).indices).sum()
         if want_grad:
             # d/dz of -sum_v p_v log softmax(z)_v is softmax(z) - p (p sums to 1)
             grad_logits = (log_q.exp() - probs).to(logits.dtype)
@@ -408,6 +409,6 @@ def distill_selected(
     logits = draft_logits_fn(draft_hidden).float()  # [M, V]
     with torch.no_grad():
         target_logits = parts.logits(target_hidden).float()  # [M, V]
-        correct = (logits.argmax(-1) == target_logits.argmax(-1)).sum()
+        correct = (logits.max(-1).indices == target_logits.max(-1).indices).sum()
     loss = -(torch.softmax(target_logits, -1) * torch.log_softmax(logits, -1)).sum()
     return loss, correct

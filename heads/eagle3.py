@@ -122,6 +122,6 @@ class Eagle3Head(AutoregressiveHead):
             log_q = torch.log_softmax(logits, -1)
             loss = loss - ((probs * log_q).sum(-1) * in_vocab[s : s + rows]).sum()
             with torch.no_grad():
-                agree = self.to_target_ids(logits.argmax(-1)) == top[s : s + rows]
+                agree = self.to_target_ids(logits.max(-1).indices) == top[s : s + rows]
                 correct = correct + agree.sum()
         return loss, correct
