@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from draftsmith.features import FeatureCapture
 from draftsmith.heads import DraftHead
-from draftsmith.inference.attention import tree_attention, tree_backend
+from draftsmith.inference.attention import tree_attention, tree_backend, tree_mask
 from draftsmith.inference.cache import keep_accepted
 from draftsmith.inference.drafter import make_drafter
 from draftsmith.inference.lookup import prompt_lookup
@@ -160,12 +160,11 @@ class SpecDecoder:
                 # the context is copied for the lookup branch only: no per-step work without it
                 tree = self.build_tree(root, [*prompt, *generated] if self.spec.lookup else None)
                 t1 = clock()
-                mask = torch.ones(tree.size, n + tree.size, dtype=torch.bool)
-                mask[:, n:] = tree.ancestors
+                mask = tree_mask(tree.ancestors, n, self.spec.attention, self.target.dtype)
                 out = self.target(
                     input_ids=tree.tokens[None].to(device),
                     position_ids=(n + tree.depths)[None].to(device),
-                    attention_mask=mask[None, None].to(device),
+                    attention_mask=mask.to(device),
                     **kv,
                     use_cache=True,
                 )

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from draftsmith.inference.attention import tree_attention
+from draftsmith.inference.attention import tree_attention, tree_mask
 from draftsmith.packed import pack_linears
 from draftsmith.target import cache_kwarg, load_target, native_dtype
 
@@ -32,9 +32,8 @@ def forward_ms(target, cache: DynamicCache, context: int, size: int, tree: bool)
     ids = torch.randint(0, min(40000, target.config.vocab_size), (1, size))  # [1, N]
     kwargs = {cache_kwarg(target): cache, "use_cache": True}
     if tree:
-        mask = torch.ones(size, context + size, dtype=torch.bool)
-        mask[:, context:] = torch.ones(size, size, dtype=torch.bool).tril()  # a chain
-        kwargs["attention_mask"] = mask[None, None]
+        chain = torch.ones(size, size, dtype=torch.bool).tril()
+        kwargs["attention_mask"] = tree_mask(chain, context, "sdpa", target.dtype)  # as decoded
         kwargs["position_ids"] = torch.arange(context, context + size)[None]
     t0 = time.perf_counter()
     target(input_ids=ids, **kwargs)

@@ -13,6 +13,7 @@ from draftsmith.inference.attention import (
     merge_attention,
     split_tree_attention,
     tree_attention,
+    tree_mask,
 )
 from draftsmith.inference.cache import keep_accepted
 from draftsmith.inference.tree import (
@@ -157,10 +158,14 @@ def test_split_attention_matches_dense_reference() -> None:
 @pytest.mark.filterwarnings("error:`past_key_values`:FutureWarning")  # deprecated keyword
 def test_sdpa_backend_equals_transformers_sdpa_on_a_tree(dtype, tiny_target) -> None:
     """Our sdpa backend only skips transformers' per-head KV copies (grouped heads: 4 query heads
-    on 2 KV heads): a tree forward must give the very same logits."""
+    on 2 KV heads) and takes the mask additive: a tree forward must give the very same logits as
+    transformers' SDPA with the boolean mask."""
     prefix, tree = 9, StaticTree(topk_choices(3, 2, 6)).build(RandomExpander(), 3)
     mask = torch.ones(tree.size, prefix + tree.size, dtype=torch.bool)
     mask[:, prefix:] = tree.ancestors
+    assert torch.equal(tree_mask(tree.ancestors, prefix, "flex", dtype), mask[None, None])
+    additive = tree_mask(tree.ancestors, prefix, "sdpa", dtype)  # [1, 1, N, prefix + N]
+    assert additive.dtype == dtype and torch.equal(additive[0, 0] == 0, mask)
     ids = torch.arange(5, 5 + prefix)[None]
     target = tiny_target.to(dtype)
     logits = []
@@ -174,7 +179,7 @@ def test_sdpa_backend_equals_transformers_sdpa_on_a_tree(dtype, tiny_target) -> 
                     target(
                         input_ids=tree.tokens[None],
                         position_ids=(prefix + tree.depths)[None],
-                        attention_mask=mask[None, None],
+                        attention_mask=additive if ours else mask[None, None],
                         **kv,
                         use_cache=True,
                     ).logits
@@ -185,16 +190,26 @@ def test_sdpa_backend_equals_transformers_sdpa_on_a_tree(dtype, tiny_target) -> 
     assert torch.equal(logits[0], logits[1])
 
 
-def test_keep_accepted_moves_path_behind_prefix() -> None:
+def _numbered_cache(length: int) -> DynamicCache:
+    """Two layers whose entry j holds j (layer 0 keys, -j values) and 10 j (layer 1 keys)."""
     cache = DynamicCache()
-    prefix, tree_size = 4, 5
-    keys = (
-        torch.arange(prefix + tree_size, dtype=torch.float32).view(1, 1, -1, 1).repeat(1, 2, 1, 3)
-    )
+    keys = torch.arange(length, dtype=torch.float32).view(1, 1, -1, 1).repeat(1, 2, 1, 3)
     cache.update(keys.clone(), -keys.clone(), 0)
     cache.update(keys.clone() * 10, keys.clone(), 1)
+    return cache
+
+
+def test_keep_accepted_moves_path_behind_prefix() -> None:
+    prefix, tree_size = 4, 5
+    cache = _numbered_cache(prefix + tree_size)
     keep_accepted(cache, prefix, torch.tensor([0, 2, 3]))
     assert cache.get_seq_length() == prefix + 3
     assert cache.layers[0].keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 6, 7]
     assert cache.layers[0].values[0, 1, :, 0].tolist() == [-0.0, -1, -2, -3, -4, -6, -7]
     assert cache.layers[1].keys[0, 0, :, 0].tolist() == [0, 10, 20, 30, 40, 60, 70]
+    # a path of the tree's first nodes is already in place: only the cut remains
+    for path in ([0], [0, 1]):
+        cache = _numbered_cache(prefix + tree_size)
+        keep_accepted(cache, prefix, torch.tensor(path))
+        assert cache.layers[1].keys[0, 1, :, 0].tolist() == [10 * j for j in range(4 + len(path))]
+        assert cache.layers[0].values[0, 0, :, 2].tolist() == [-j for j in range(4 + len(path))]
