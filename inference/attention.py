@@ -3,7 +3,7 @@
 Verification runs the target once over all tree nodes with a 4D mask [B, 1, Q, KV] (prefix
 columns visible, tree columns = ancestor mask; `tree_mask` builds it in the backend's form);
 transformers passes a 4D mask through untouched. Backends (`tree.attention`):
-  sdpa  - torch SDPA with the dense boolean mask (CPU default; exact): transformers' own SDPA,
+  sdpa  - torch SDPA with the dense mask, additive (CPU default; exact): transformers' own SDPA,
           except that grouped KV heads are read in place (see `sdpa_tree_attention`).
   flex  - FlexAttention with a BlockMask built from the dense mask.
   flash - CUDA only: flash-attn over the prefix (no mask, returns the log-sum-exp), a dense pass
