@@ -163,11 +163,13 @@ def tree_mask(
     (the same values, so the same outputs: 0.9 ms less per 16-node SmolLM2 forward on 2 cores);
     for flex and flash boolean, True = attend."""
     N = ancestors.shape[0]
-    visible = torch.ones(N, prefix + N, dtype=torch.bool)
-    visible[:, prefix:] = ancestors
-    if backend != "sdpa":
-        return visible[None, None]
-    return torch.zeros(N, prefix + N, dtype=dtype).masked_fill_(~visible, float("-inf"))[None, None]
+    if backend == "sdpa":
+        mask = torch.zeros(N, prefix + N, dtype=dtype)
+        mask[:, prefix:].masked_fill_(~ancestors, float("-inf"))
+    else:
+        mask = torch.ones(N, prefix + N, dtype=torch.bool)
+        mask[:, prefix:] = ancestors
+    return mask[None, None]
 
 
 def tree_backend(backend: str) -> str:
