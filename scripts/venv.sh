@@ -18,7 +18,7 @@ fi
 # tcmalloc: the `draftsmith` command runs under it where it is installed (long training runs
 # keep their speed; glibc's heap fragments: draftsmith.allocator). Debian/Ubuntu as root only;
 # without it everything still runs, on glibc's malloc.
-if ! python -c "import ctypes.util, sys; sys.exit(not ctypes.util.find_library('tcmalloc_minimal'))" \
+if ! python -c "import sys; from draftsmith.allocator import tcmalloc_library; sys.exit(tcmalloc_library() is None)" \
   && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   echo "venv.sh: installing libtcmalloc-minimal4 (apt-get)" >&2
   export DEBIAN_FRONTEND=noninteractive
