@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
 
 import pytest
@@ -167,25 +168,24 @@ def test_sdpa_backend_equals_transformers_sdpa_on_a_tree(dtype, tiny_target) -> 
     additive = tree_mask(tree.ancestors, prefix, "sdpa", dtype)  # [1, 1, N, prefix + N]
     assert additive.dtype == dtype and torch.equal(additive[0, 0] == 0, mask)
     ids = torch.arange(5, 5 + prefix)[None]
-    target = tiny_target.to(dtype)
+    # a copy: casting the session's tiny target to bf16 and back would round its weights for
+    # every later test (the golden head losses moved when this test ran before them)
+    target = copy.deepcopy(tiny_target).to(dtype)
     logits = []
-    try:
-        for ours in (False, True):
-            kv = {cache_kwarg(target): DynamicCache(config=target.config)}
-            with torch.no_grad(), tree_attention(target, "sdpa") if ours else nullcontext():
-                assert (target.config._attn_implementation == "draftsmith_sdpa") == ours
-                target(input_ids=ids, **kv, use_cache=True)
-                logits.append(
-                    target(
-                        input_ids=tree.tokens[None],
-                        position_ids=(prefix + tree.depths)[None],
-                        attention_mask=additive if ours else mask[None, None],
-                        **kv,
-                        use_cache=True,
-                    ).logits
-                )
-    finally:
-        target.to(torch.float32)
+    for ours in (False, True):
+        kv = {cache_kwarg(target): DynamicCache(config=target.config)}
+        with torch.no_grad(), tree_attention(target, "sdpa") if ours else nullcontext():
+            assert (target.config._attn_implementation == "draftsmith_sdpa") == ours
+            target(input_ids=ids, **kv, use_cache=True)
+            logits.append(
+                target(
+                    input_ids=tree.tokens[None],
+                    position_ids=(prefix + tree.depths)[None],
+                    attention_mask=additive if ours else mask[None, None],
+                    **kv,
+                    use_cache=True,
+                ).logits
+            )
     assert target.config._attn_implementation == "sdpa"  # back on its own backend
     assert torch.equal(logits[0], logits[1])
 
