@@ -8,6 +8,7 @@ read 2H inputs, drafting attends through arbitrary tree masks, and TTT attention
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -38,13 +39,27 @@ def llama_config(target: TargetInfo, num_layers: int = 1) -> LlamaConfig:
     )
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding in Llama's rotate_half convention. x [B, nh, N, d], positions [B, N]."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    angles = positions.to(torch.float32)[..., None] * inv_freq  # [B, N, d/2]
+@functools.lru_cache(maxsize=8)
+def _inverse_frequencies(d: int, theta: float, device: torch.device) -> torch.Tensor:
+    """[d/2] fp32 RoPE frequencies, computed once per (head_dim, theta, device): a module buffer
+    would be cast by the head's `.to(bf16)`, and recomputing them took ~8 ops per call."""
+    return 1.0 / (theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+
+
+def rope_tables(
+    positions: torch.Tensor, d: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, 1, N, d] at `positions` [B, N] (Llama's rotate_half layout), in `dtype`;
+    built once per attention call and shared by its queries and keys."""
+    angles = positions.to(torch.float32)[..., None] * _inverse_frequencies(
+        d, theta, positions.device
+    )
     emb = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, N, d]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [B, nh, N, d] with `rope_tables`' cos/sin."""
     return x * cos + rotate_half(x) * sin
 
 
@@ -96,7 +111,8 @@ class DraftAttention(nn.Module):
         q = self.q_proj(x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, N, self.num_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, N, self.num_kv, self.head_dim).transpose(1, 2)
-        return rope(q, positions, self.theta), rope(k, positions, self.theta), v
+        cos, sin = rope_tables(positions, self.head_dim, self.theta, q.dtype)
+        return rope(q, cos, sin), rope(k, cos, sin), v
 
     def _expand(self, t: torch.Tensor) -> torch.Tensor:
         return t.repeat_interleave(self.num_heads // self.num_kv, dim=1)
@@ -118,12 +134,17 @@ class DraftAttention(nn.Module):
         new_kv = (k, v)
         if cache is not None:
             k, v = cache.append(layer, k, v)
-        k, v = self._expand(k), self._expand(v)
+        # without gradients (drafting, evaluation) grouped KV heads are read in place: the same
+        # output as copying each KV head per query head, ~30 us less per drafting step. Training
+        # keeps the copies, whose backward sums the groups' gradients in the order it always did
+        gqa = self.num_kv != self.num_heads and not torch.is_grad_enabled()
+        if not gqa:
+            k, v = self._expand(k), self._expand(v)
         if mask is None:
             # plain causal over the new block, all cached entries visible
             N, S = q.shape[2], k.shape[2]
             mask = torch.ones(N, S, dtype=torch.bool, device=x.device).tril(S - N)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.out(o), new_kv
 
     def ttt_forward(

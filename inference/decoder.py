@@ -169,7 +169,9 @@ class SpecDecoder:
                     use_cache=True,
                 )
                 t2 = clock()
-                path, bonus = accept(tree, out.logits[0].float().cpu(), sampling, generator)
+                # in the target's dtype: greedy picks are the same in bf16 (0.1 ms less per step)
+                # and sampling converts to fp32 itself
+                path, bonus = accept(tree, out.logits[0].cpu(), sampling, generator)
                 keep_accepted(cache, n, path.to(device))
                 new = [*tree.tokens[path[1:]].tolist(), bonus]
                 t3 = clock()
