@@ -31,16 +31,18 @@ from draftsmith.target import cache_kwarg
 class RandomExpander:
     """Deterministic fake draft: log-probs from a seeded table indexed by depth and parent token."""
 
-    def __init__(self, vocab: int = 11) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.table = torch.log_softmax(torch.randn(8, vocab, vocab, generator=g), -1)
+    def __init__(self, vocab: int = 11, seed: int = 0, scale: float = 1.0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.log_softmax(scale * torch.randn(8, vocab, vocab, generator=g), -1)
         self.root_token = 3
+        self.expanded = 0  # expand() calls
 
     def root_logprobs(self) -> torch.Tensor:
         return self.table[0, self.root_token]
 
     def expand(self, nodes: torch.Tensor, tree: Tree) -> torch.Tensor:
         assert len(set(tree.depths[nodes].tolist())) == 1
+        self.expanded += 1
         return self.table[tree.depths[nodes], tree.tokens[nodes]]
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
@@ -69,6 +71,41 @@ def test_dynamic_tree_invariants_and_budget(depth, top_k, total) -> None:
     check_invariants(tree)
     assert tree.size == min(total, 1 + top_k + (depth - 1) * top_k * top_k)
     assert tree.depth <= depth
+
+
+def test_dynamic_tree_skips_only_levels_that_cannot_change_it(monkeypatch) -> None:
+    """The builder stops drafting when nothing below the frontier could be kept: the tree must
+    be the one drafting every level gives, with and without a chain (whose nodes are kept
+    whatever they score), and the skipping must happen."""
+    from draftsmith.inference import tree as tree_module
+
+    def build(ex: RandomExpander, chain: torch.Tensor | None, prune: bool) -> Tree:
+        with monkeypatch.context() as m:
+            if not prune:
+                m.setattr(tree_module, "_never_kept", lambda *args: False)
+            return build_dynamic_tree(ex, 3, 5, 3, 12, chain)
+
+    g = torch.Generator().manual_seed(0)
+    saved = {"no chain": 0, "chain": 0}
+    for seed in range(60):
+        full = build(RandomExpander(seed=seed, scale=3.0), None, False)
+        drafted = full.tokens[full.ancestors[int(full.depths.argmax())]][1:]  # a deepest path
+        chains = {
+            None: "no chain",
+            drafted: "chain",
+            torch.cat([drafted[:2], torch.randint(0, 11, (3,), generator=g)]): "chain",
+            torch.randint(0, 11, (4,), generator=g): "chain",
+        }
+        for chain, kind in chains.items():
+            reference, pruned = (
+                RandomExpander(seed=seed, scale=3.0),
+                RandomExpander(seed=seed, scale=3.0),
+            )
+            expected, got = build(reference, chain, False), build(pruned, chain, True)
+            for field in ("tokens", "parents", "depths", "ancestors"):
+                assert torch.equal(getattr(got, field), getattr(expected, field)), (seed, field)
+            saved[kind] += reference.expanded - pruned.expanded
+    assert saved["no chain"] > 0 and saved["chain"] > 0, saved
 
 
 def test_dynamic_tree_keeps_best_paths() -> None:
