@@ -69,6 +69,9 @@ def run_rows(run: Path) -> Tables:
     for path in sorted(run.glob("eval/*/results.json")):
         r = json.loads(path.read_text())
         t, e, s = r["tree"], r["eval"], r["speedup"]
+        # a tagged eval (`eval.tag`, e.g. a later session's decoder on the run's head) is named
+        # by its tag too, so it never reads as a second copy of the run's untagged row
+        name = f"{run.name} ({e['tag']})" if e.get("tag") else run.name
         depth = " ".join(f"{a:.2f}" for a in r["depth_acceptance"][:6])
         mism = f"{r['mismatch']['prompts']}/{r['prompts']}" if r["mismatch"]["checked"] else "-"
         tree = f"{t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']}"
@@ -86,18 +89,16 @@ def run_rows(run: Path) -> Tables:
         # tau-only evals (no baselines) may share the cores with other jobs: no speed reported
         tok_s = f"{r['tokens_per_second']['speculative']:.1f}" if s else "-"
         tables.evals.append(
-            f"| {run.name} | {r['head']['name']} | {e['benchmark']} | {e['temperature']} | "
+            f"| {name} | {r['head']['name']} | {e['benchmark']} | {e['temperature']} | "
             f"{r['machine']['dtype']} | {tree} | {r['prompts']} | **{r['tau']:.2f}** | {depth} | "
             f"{tok_s} | {speed['vs_vanilla']} | "
             f"{speed['vs_lookup']} | {mism} |"
         )
-        tables.taus.append((f"{run.name} {e['benchmark']} T{e['temperature']:g} {tree}", r["tau"]))
-        key = f"| {run.name} | {r['head']['name']} | {tree} |"
+        tables.taus.append((f"{name} {e['benchmark']} T{e['temperature']:g} {tree}", r["tau"]))
+        key = f"| {name} | {r['head']['name']} | {tree} |"
         tables.matrix.setdefault(key, {})[(e["benchmark"], float(e["temperature"]))] = r["tau"]
         if r.get("by_category"):  # evals since session 35, on benchmarks whose rows name one
-            label = (
-                f"| {run.name} | {e['benchmark']} | {e['temperature']} | {tree} | {r['tau']:.2f} |"
-            )
+            label = f"| {name} | {e['benchmark']} | {e['temperature']} | {tree} | {r['tau']:.2f} |"
             tables.by_category[label] = {k: c["tau"] for k, c in r["by_category"].items()}
     return tables
 
