@@ -1,4 +1,5 @@
-"""A deterministic tiny random Llama target with a real byte-level tokenizer and a ChatML template.
+"""A deterministic tiny random Llama target (or another architecture, for tests) with a real
+byte-level tokenizer and a ChatML template.
 
 Tests and smoke runs use it so the whole pipeline runs in seconds with no hub access:
 `target=tiny-random-llama`. The folder is built once from a seed into the cache and is
@@ -48,19 +49,25 @@ def build_byte_tokenizer(chat_template: str | None = CHATML_TEMPLATE):
     return tokenizer
 
 
-def build_tiny_llama(
+def build_tiny_target(
     out_dir: str | Path,
     seed: int = 0,
     num_layers: int = 4,
     hidden_size: int = 64,
     chat_template: str | None = CHATML_TEMPLATE,
+    architecture: str = "Llama",
+    **config_overrides,
 ) -> Path:
-    """Write a seeded random LlamaForCausalLM + tokenizer to `out_dir` and return it."""
+    """Write a seeded random causal LM + tokenizer to `out_dir` and return it: a Llama, or
+    another transformers `architecture` of the same size (e.g. "Mistral", "Gemma3Text":
+    `<architecture>Config`, built by AutoModelForCausalLM) with `config_overrides` (e.g. a
+    sliding window), for the tests that decode other model families."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
+    from transformers import AutoModelForCausalLM
 
     tokenizer = build_byte_tokenizer(chat_template)
-    config = LlamaConfig(
+    config = getattr(transformers, f"{architecture}Config")(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -72,18 +79,18 @@ def build_tiny_llama(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
-        rope_theta=10000.0,
+        **config_overrides,
     )
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(config)
     # Larger-than-default init so the tiny model has peaked, non-degenerate next-token
     # distributions (near-uniform logits would make greedy decoding full of ties).
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.08)
-        model.lm_head.weight.normal_(0.0, 0.35)
+        model.get_output_embeddings().weight.normal_(0.0, 0.35)
     torch.random.set_rng_state(generator_state)
     out = Path(out_dir)
     model.save_pretrained(out, safe_serialization=True)
@@ -102,5 +109,5 @@ def tiny_target_path() -> Path:
         if (final / "config.json").exists() and (final / "model.safetensors").exists():
             return final
         with staged_dir(final) as build:
-            build_tiny_llama(build)
+            build_tiny_target(build)
     return final

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftsmith.tiny import build_tiny_llama, tiny_target_path
+from draftsmith.tiny import build_tiny_target, tiny_target_path
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +40,7 @@ def make_tiny(tmp_path: Path):
     """Build a tiny target with custom settings (e.g. another chat template)."""
 
     def _make(**kwargs) -> Path:
-        return build_tiny_llama(tmp_path / f"tiny-{len(list(tmp_path.iterdir()))}", **kwargs)
+        return build_tiny_target(tmp_path / f"tiny-{len(list(tmp_path.iterdir()))}", **kwargs)
 
     return _make
 
