@@ -110,6 +110,15 @@ def load_target(
             f"{[a for a, v in ASSETS.items() if v.kind == 'target']} "
             f"(`draftsmith assets fetch NAME`) or {TINY_NAME!r}. ({err})"
         ) from err
+    except ValueError as err:
+        if "attention implementation" not in str(err):
+            raise
+        # e.g. Gemma 2 (attention-logit softcapping) and GPT-OSS (attention sinks) run eager only
+        raise ValueError(
+            f"target {name_or_path!r} cannot run attn_implementation={attn_implementation!r}, "
+            "and draftsmith's tree attention backends (sdpa, flex, flash) compute plain "
+            f"softmax attention, so this architecture is not supported. ({err})"
+        ) from err
     model.to(device)
     model.eval()
     model.requires_grad_(False)

@@ -10,6 +10,8 @@ transformers passes a 4D mask through untouched. Backends (`tree.attention`):
           over the small tree block, the two merged by log-sum-exp. This file is the only place
           that imports flash_attn.
 Asking for an unavailable backend is an error, never a silent switch.
+Sliding-window layers get the window in their mask (`attention_windows`, `tree_masks`): one mask
+for the whole model, or one per layer type where a model mixes full and sliding layers.
 """
 
 from __future__ import annotations
@@ -67,7 +69,10 @@ def split_tree_attention(q, k, v, mask, scale, prefix_fn=None) -> torch.Tensor:
     if prefix == 0:
         return out_b
     if mask is not None and not bool(mask[..., :prefix].all()):
-        raise ValueError("split tree attention needs every query to see the whole prefix")
+        raise ValueError(
+            "split tree attention needs every query to see the whole prefix (a sliding-window "
+            "layer past its window is not supported by tree.attention=flash: use sdpa or flex)"
+        )
     fn = prefix_fn or (lambda q_, k_, v_, s: dense_attention_lse(q_, k_, v_, None, s))
     out_a, lse_a = fn(q, k[:, :, :prefix], v[:, :, :prefix], scale)
     return merge_attention(out_a, lse_a, out_b, lse_b)
@@ -155,14 +160,34 @@ def flex_tree_attention(module, query, key, value, attention_mask, scaling=None,
 
 
 def tree_mask(
-    ancestors: torch.Tensor, prefix: int, backend: str, dtype: torch.dtype
+    ancestors: torch.Tensor,
+    prefix: int,
+    backend: str,
+    dtype: torch.dtype,
+    window: int | None = None,
+    depths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The target's attention mask [1, 1, N, prefix + N] for tree nodes with `ancestors` [N, N]
     after `prefix` cached tokens, in the form `backend` takes: for sdpa additive (0 / -inf in
     the target's `dtype`), which SDPA would otherwise make from a boolean mask in every layer
     (the same values, so the same outputs: 0.9 ms less per 16-node SmolLM2 forward on 2 cores);
-    for flex and flash boolean, True = attend."""
+    for flex and flash boolean, True = attend. With a sliding `window`, a node at position
+    prefix + depth (`depths` [N]) also sees only keys fewer than `window` positions back, as
+    transformers' sliding-window layers do."""
     N = ancestors.shape[0]
+    if window is not None:
+        if depths is None:
+            raise ValueError("a sliding-window tree mask needs the nodes' depths")
+        queries = prefix + depths  # [N] positions
+        keys = torch.cat([torch.arange(prefix), queries])  # [prefix + N]
+        allowed = torch.ones(N, prefix + N, dtype=torch.bool)
+        allowed[:, prefix:] = ancestors
+        allowed &= queries[:, None] - keys[None, :] < window
+        if backend != "sdpa":
+            return allowed[None, None]
+        return torch.zeros(N, prefix + N, dtype=dtype).masked_fill_(~allowed, float("-inf"))[
+            None, None
+        ]
     if backend == "sdpa":
         mask = torch.zeros(N, prefix + N, dtype=dtype)
         mask[:, prefix:].masked_fill_(~ancestors, float("-inf"))
@@ -170,6 +195,42 @@ def tree_mask(
         mask = torch.ones(N, prefix + N, dtype=torch.bool)
         mask[:, prefix:] = ancestors
     return mask[None, None]
+
+
+def attention_windows(config) -> dict[str, int | None]:
+    """Layer type -> sliding window (None: full attention) of a transformers model config, as
+    its KV cache is laid out; a layer type tree verification cannot mask (chunked, linear or
+    compressed attention, state-space layers) is an error."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    windows: dict[str, int | None] = {}
+    for layer_type, layer_kwargs in zip(types, kwargs):
+        if layer_type not in ("full_attention", "sliding_attention"):
+            raise ValueError(
+                f"{type(config).__name__}: layer type {layer_type!r} is not supported by tree "
+                "verification (full and sliding-window attention layers are)"
+            )
+        windows[layer_type] = layer_kwargs.get("sliding_window")
+    return windows
+
+
+def tree_masks(
+    windows: dict[str, int | None],
+    ancestors: torch.Tensor,
+    depths: torch.Tensor,
+    prefix: int,
+    backend: str,
+    dtype: torch.dtype,
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The attention mask(s) of one tree forward for a target with layer `windows`
+    (`attention_windows`): one mask when every layer attends alike, else one per layer type,
+    the mapping transformers' models with mixed layers take as `attention_mask`."""
+    masks = {
+        layer_type: tree_mask(ancestors, prefix, backend, dtype, window, depths)
+        for layer_type, window in windows.items()
+    }
+    return next(iter(masks.values())) if len(masks) == 1 else masks
 
 
 def tree_backend(backend: str) -> str:

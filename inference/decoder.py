@@ -21,7 +21,12 @@ from transformers import DynamicCache
 
 from draftsmith.features import FeatureCapture
 from draftsmith.heads import DraftHead
-from draftsmith.inference.attention import tree_attention, tree_backend, tree_mask
+from draftsmith.inference.attention import (
+    attention_windows,
+    tree_attention,
+    tree_backend,
+    tree_masks,
+)
 from draftsmith.inference.cache import keep_accepted
 from draftsmith.inference.drafter import make_drafter
 from draftsmith.inference.lookup import prompt_lookup
@@ -95,6 +100,7 @@ class SpecDecoder:
     ) -> None:
         self.target, self.head, self.spec = target, head, tree
         tree_backend(tree.attention)  # an unavailable backend fails here, not mid-eval
+        self.windows = attention_windows(target.config)  # so does an unsupported layer type
         self.drafter = make_drafter(head, draft_vocab)
         self.aux_layers = list(getattr(head.config, "aux_layers", []) or [])
         depth = {"chain": tree.depth, "static": None, "dynamic": tree.depth}[tree.kind]
@@ -138,7 +144,9 @@ class SpecDecoder:
         stats = DecodeStats()
         device = next(self.target.parameters()).device
         clock = _clock(device)
-        cache = DynamicCache(config=self.target.config)
+        # full layers everywhere: compaction indexes absolute positions, which a sliding-window
+        # layer's cache (keeping only its last keys) does not hold; the masks apply the windows
+        cache = DynamicCache()
         kv = {cache_kwarg(self.target): cache}
         ids = torch.tensor([prompt], device=device)
         with (
@@ -160,11 +168,18 @@ class SpecDecoder:
                 # the context is copied for the lookup branch only: no per-step work without it
                 tree = self.build_tree(root, [*prompt, *generated] if self.spec.lookup else None)
                 t1 = clock()
-                mask = tree_mask(tree.ancestors, n, self.spec.attention, self.target.dtype)
+                mask = tree_masks(
+                    self.windows,
+                    tree.ancestors,
+                    tree.depths,
+                    n,
+                    self.spec.attention,
+                    self.target.dtype,
+                )
                 out = self.target(
                     input_ids=tree.tokens[None].to(device),
                     position_ids=(n + tree.depths)[None].to(device),
-                    attention_mask=mask.to(device),
+                    attention_mask=_to(mask, device),
                     **kv,
                     use_cache=True,
                 )
@@ -200,6 +215,14 @@ class SpecDecoder:
                     on_tokens(new)
         stats.new_tokens = len(generated)
         return generated, stats
+
+
+def _to(
+    mask: torch.Tensor | dict[str, torch.Tensor], device: torch.device
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    if isinstance(mask, dict):
+        return {layer_type: m.to(device) for layer_type, m in mask.items()}
+    return mask.to(device)
 
 
 def _clock(device: torch.device) -> Callable[[], float]:

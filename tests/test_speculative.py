@@ -4,6 +4,9 @@ speculative output keeps the target's distribution (chi-square test)."""
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -121,6 +124,44 @@ def test_greedy_is_lossless_per_backend(backend, tiny_target, tiny_tokenizer, re
         assert decoder.generate(prompt, 48, eos_token_ids={2})[0] == expected
     # the target is shared (baselines, regeneration): decoding leaves it on its own backend
     assert tiny_target.config._attn_implementation == "sdpa"
+
+
+# other model families, tiny and random like the Llama target; windows of 12 tokens are shorter
+# than every prompt: Mistral's and Phi-3's layers all slide (one mask), Gemma 3's alternate sliding
+# and full (a mask per layer type)
+ARCHITECTURES = {
+    "Qwen2": {},
+    "Qwen3": {"head_dim": 16},
+    "Qwen3Moe": {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2},
+    "Olmo2": {},
+    "Gemma": {"head_dim": 16},
+    "Granite": {},
+    "Mistral": {"sliding_window": 12},
+    "Phi3": {"sliding_window": 12},
+    "Gemma3Text": {"sliding_window": 12, "sliding_window_pattern": 2, "head_dim": 16},
+}
+CASES = [(a, "sdpa") for a in ARCHITECTURES] + [("Mistral", "flex"), ("Gemma3Text", "flex")]
+
+
+@pytest.mark.parametrize(("architecture", "backend"), CASES)
+def test_other_architectures_are_lossless(architecture, backend, make_tiny) -> None:
+    from draftsmith.target import load_target, load_tokenizer
+
+    folder = make_tiny(architecture=architecture, **ARCHITECTURES[architecture])
+    target, tokenizer = load_target(str(folder)), load_tokenizer(str(folder))
+    spec = replace(TREES["dynamic+lookup"], attention=backend)
+    decoder = SpecDecoder(target, untrained("eagle3", target), spec)
+    for prompt in prompts(tokenizer, 2):
+        assert len(prompt) > 12
+        out, _ = decoder.generate(prompt, 40, eos_token_ids={tokenizer.eos_token_id})
+        assert out == greedy_reference(target, prompt, 40)
+
+
+def test_unsupported_attention_layers_are_refused(tiny_target) -> None:
+    target = copy.deepcopy(tiny_target)
+    target.config.layer_types = ["full_attention", "linear_attention"] * 2
+    with pytest.raises(ValueError, match="'linear_attention' is not supported"):
+        SpecDecoder(target, untrained("eagle3", target), TREES["chain"])
 
 
 def test_an_empty_budget_is_refused(tiny_target) -> None:
