@@ -100,14 +100,32 @@ class TargetParts:
     embed_tokens: nn.Module
     norm: nn.Module
     lm_head: nn.Module
+    # the factor the model itself puts on its lm_head's output (Granite divides by
+    # `logits_scaling`, Cohere multiplies by `logit_scale`; 1 for most): it sets the temperature
+    # of the distributions heads are trained on and draft trees are ranked by
+    logit_scale: float = 1.0
 
     @classmethod
     def from_model(cls, model: nn.Module) -> TargetParts:
-        return cls(model.get_input_embeddings(), model.model.norm, model.get_output_embeddings())
+        config = model.config.get_text_config(decoder=True)
+        scale = (getattr(config, "logit_scale", None) or 1.0) / (
+            getattr(config, "logits_scaling", None) or 1.0
+        )
+        return cls(
+            model.get_input_embeddings(), model.model.norm, model.get_output_embeddings(), scale
+        )
+
+    def scaled(self, logits: torch.Tensor) -> torch.Tensor:
+        """The lm_head's raw `logits` as the model outputs them."""
+        return logits if self.logit_scale == 1.0 else logits * self.logit_scale
+
+    def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Target logits from final-normed features [.., H] -> [.., V]."""
+        return self.scaled(self.lm_head(normed))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target logits from pre-norm features: lm_head(norm(hidden))."""
-        return self.lm_head(self.norm(hidden))
+        """Target logits from pre-norm features: lm_head(norm(hidden)), scaled as the model does."""
+        return self.head_logits(self.norm(hidden))
 
     @property
     def vocab_size(self) -> int:
@@ -121,7 +139,7 @@ class TargetParts:
         lm_head = nn.Linear(weight.shape[1], token_ids.numel(), bias=False)
         lm_head.to(device=weight.device, dtype=weight.dtype)
         lm_head.weight.data = weight.detach()[token_ids.to(weight.device)].contiguous()
-        return TargetParts(self.embed_tokens, self.norm, lm_head)
+        return TargetParts(self.embed_tokens, self.norm, lm_head, self.logit_scale)
 
     @torch.no_grad()
     def top_tokens(self, hidden: torch.Tensor) -> torch.Tensor:

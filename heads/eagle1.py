@@ -67,7 +67,7 @@ class Eagle1Head(AutoregressiveHead):
         return self.fc(torch.cat([embeds, hidden], dim=-1))
 
     def draft_logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
-        return self.parts.lm_head(hidden_out)
+        return self.parts.head_logits(hidden_out)
 
     def step_loss(self, i, hidden_out, batch: HeadBatch, select, scratch):
         predicted = hidden_out[select]  # [M, H]

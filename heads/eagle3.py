@@ -105,7 +105,8 @@ class Eagle3Head(AutoregressiveHead):
             with torch.no_grad():
                 normed = self.parts.norm(batch.hidden)
                 weight = self.parts.lm_head.weight[self.draft_token_ids()]  # [Vd, H]
-                scratch["probs"] = torch.softmax(F.linear(normed, weight).float(), dim=-1)
+                logits = self.parts.scaled(F.linear(normed, weight))  # [B, T, Vd]
+                scratch["probs"] = torch.softmax(logits.float(), dim=-1)
                 top = batch.target_top
                 scratch["top"] = self.parts.top_tokens(batch.hidden) if top is None else top
         b, t = select.nonzero(as_tuple=True)  # [M] each: anchors that predict token t+i+1

@@ -72,8 +72,9 @@ class MedusaHead(DraftHead):
 
     def head_logits(self, k: int, states: torch.Tensor) -> torch.Tensor:
         """Head-k output states [.., H] -> logits over the target vocabulary [.., V]."""
-        lm_head = self.lm_heads[k] if self.config.own_lm_head else self.parts.lm_head
-        return lm_head(states)
+        if self.config.own_lm_head:
+            return self.lm_heads[k](states)
+        return self.parts.head_logits(states)
 
     def head_states(
         self, k: int, feature: torch.Tensor, path_tokens: torch.Tensor | None

@@ -116,6 +116,27 @@ def test_top_tokens_in_blocks_match_full_argmax(tiny_target, monkeypatch) -> Non
     assert torch.equal(parts.top_tokens(hidden), expected)
 
 
+@pytest.mark.parametrize(
+    ("architecture", "scaling"),
+    [("Granite", {"logits_scaling": 8.0}), ("Cohere", {"logit_scale": 0.25})],
+)
+def test_target_parts_give_the_models_own_logits(architecture, scaling, make_tiny) -> None:
+    """Models that scale their lm_head's output: heads learn and rank drafts at that temperature."""
+    from draftsmith.features import FeatureCapture
+    from draftsmith.target import load_target
+
+    target = load_target(str(make_tiny(architecture=architecture, **scaling)))
+    ids = torch.randint(3, 200, (1, 9))
+    with FeatureCapture(target) as capture, torch.no_grad():
+        logits = target(input_ids=ids).logits  # [1, 9, V]
+    parts = TargetParts.from_model(target)
+    assert parts.logit_scale != 1.0
+    torch.testing.assert_close(parts.logits(capture.hidden), logits)
+    torch.testing.assert_close(
+        parts.restricted(torch.arange(5)).logits(capture.hidden), logits[..., :5]
+    )
+
+
 @pytest.mark.parametrize("name", ["eagle1", "eagle3", "medusa"])
 def test_loss_in_blocks_matches_one_block(name, info, tiny_target, batch, monkeypatch) -> None:
     """Vocab-sized work in blocks of a few rows (as the real vocab gets) gives the same loss and
