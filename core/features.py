@@ -16,17 +16,39 @@ from torch import nn
 LAYER_CONVENTION = "input_of_layer"  # recorded in shard indexes and head configs
 
 
+# where transformers' causal LMs keep their decoder layers and final norm, below the backbone
+# (`base_model`): Llama-style models (`layers`, `norm`), GPT-2 / Falcon / BigCode (`h`, `ln_f`),
+# GPT-NeoX (`layers`, `final_layer_norm`), Phi (`final_layernorm`), OPT (`decoder.*`)
+LAYER_LISTS = ("layers", "h", "decoder.layers")
+FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "decoder.final_layer_norm")
+
+
 def backbone(model: nn.Module) -> nn.Module:
-    """The decoder stack of a transformers causal LM without its lm_head (`model.model`)."""
-    inner = getattr(model, "model", None)
-    if getattr(inner, "layers", None) is None:
-        raise ValueError(f"{type(model).__name__}: no `model.layers`; unsupported architecture")
-    return inner
+    """The decoder stack of a transformers causal LM without its lm_head (`model.base_model`)."""
+    return getattr(model, "base_model", model)
+
+
+def _part(model: nn.Module, paths: tuple[str, ...], what: str) -> nn.Module:
+    inner = backbone(model)
+    for path in paths:
+        try:
+            return inner.get_submodule(path)
+        except AttributeError:  # not there (or None, as OPT's norm in post-norm checkpoints)
+            continue
+    raise ValueError(
+        f"{type(model).__name__}: no {what} at any of {[f'base_model.{p}' for p in paths]}; "
+        "unsupported architecture"
+    )
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layer list of a transformers causal LM (Llama-style `model.model.layers`)."""
-    return backbone(model).layers
+    """The decoder layer list of a transformers causal LM."""
+    return _part(model, LAYER_LISTS, "decoder layer list")
+
+
+def final_norm(model: nn.Module) -> nn.Module:
+    """The norm a transformers causal LM applies to its last layer's output before the lm_head."""
+    return _part(model, FINAL_NORMS, "final norm")
 
 
 class FeatureCapture:

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from draftsmith.features import final_norm
 from draftsmith.files import staged_dir
 
 CONFIG_FILE = "config.json"
@@ -57,7 +58,9 @@ class TargetInfo:
             num_attention_heads=heads,
             num_key_value_heads=getattr(config, "num_key_value_heads", None) or heads,
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-            intermediate_size=config.intermediate_size,
+            # GPT-2-style configs name it otherwise (n_inner, ffn_dim, None = 4H); the head's MLP
+            # width is the head's own choice, the target's is only its default
+            intermediate_size=getattr(config, "intermediate_size", None) or 4 * config.hidden_size,
             rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
             max_position_embeddings=config.max_position_embeddings,
@@ -112,7 +115,7 @@ class TargetParts:
             getattr(config, "logits_scaling", None) or 1.0
         )
         return cls(
-            model.get_input_embeddings(), model.model.norm, model.get_output_embeddings(), scale
+            model.get_input_embeddings(), final_norm(model), model.get_output_embeddings(), scale
         )
 
     def scaled(self, logits: torch.Tensor) -> torch.Tensor:

@@ -128,7 +128,8 @@ def test_greedy_is_lossless_per_backend(backend, tiny_target, tiny_tokenizer, re
 
 # other model families, tiny and random like the Llama target; windows of 12 tokens are shorter
 # than every prompt: Mistral's and Phi-3's layers all slide (one mask), Gemma 3's alternate sliding
-# and full (a mask per layer type)
+# and full (a mask per layer type). GPT-2, GPT-NeoX, Falcon, Phi and OPT keep their layers and
+# final norm under other names, and GPT-2 and OPT learn absolute positions.
 ARCHITECTURES = {
     "Qwen2": {},
     "Qwen3": {"head_dim": 16},
@@ -139,12 +140,18 @@ ARCHITECTURES = {
     "Mistral": {"sliding_window": 12},
     "Phi3": {"sliding_window": 12},
     "Gemma3Text": {"sliding_window": 12, "sliding_window_pattern": 2, "head_dim": 16},
+    "GPT2": {},
+    "GPTNeoX": {},
+    "Falcon": {},
+    "Phi": {},
+    "OPT": {"ffn_dim": 128, "word_embed_proj_dim": 64},
 }
 CASES = [(a, "sdpa") for a in ARCHITECTURES] + [("Mistral", "flex"), ("Gemma3Text", "flex")]
 
 
 @pytest.mark.parametrize(("architecture", "backend"), CASES)
 def test_other_architectures_are_lossless(architecture, backend, make_tiny) -> None:
+    from draftsmith.features import FeatureCapture
     from draftsmith.target import load_target, load_tokenizer
 
     folder = make_tiny(architecture=architecture, **ARCHITECTURES[architecture])
@@ -155,6 +162,10 @@ def test_other_architectures_are_lossless(architecture, backend, make_tiny) -> N
         assert len(prompt) > 12
         out, _ = decoder.generate(prompt, 40, eos_token_ids={tokenizer.eos_token_id})
         assert out == greedy_reference(target, prompt, 40)
+    # the parts heads borrow (found under the family's own names) give the model's own logits
+    with FeatureCapture(target) as capture, torch.no_grad():
+        logits = target(input_ids=torch.tensor([prompt])).logits
+    torch.testing.assert_close(TargetParts.from_model(target).logits(capture.hidden), logits)
 
 
 def test_unsupported_attention_layers_are_refused(tiny_target) -> None:
