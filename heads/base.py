@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from draftsmith.features import final_norm
+from draftsmith.features import FeatureCapture, final_norm
 from draftsmith.files import staged_dir
 
 CONFIG_FILE = "config.json"
@@ -129,6 +129,25 @@ class TargetParts:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target logits from pre-norm features: lm_head(norm(hidden)), scaled as the model does."""
         return self.head_logits(self.norm(hidden))
+
+    @torch.no_grad()
+    def check(self, model: nn.Module) -> TargetParts:
+        """These parts, after checking that they reproduce `model`'s own logits on a few tokens
+        (a model that transforms its last state in a way not modelled here, e.g. a projection
+        or a softcap, would otherwise train heads on the wrong distribution, silently)."""
+        device = self.lm_head.weight.device
+        ids = (torch.arange(1, 17, device=device) % self.vocab_size)[None]  # [1, 16]
+        with FeatureCapture(model) as capture:
+            expected = model(input_ids=ids, use_cache=False).logits.float()  # [1, 16, V]
+        got = self.logits(capture.hidden).float()
+        gap = float((got - expected).abs().max())
+        if not gap <= 1e-2 * max(float(expected.abs().max()), 1.0):
+            raise ValueError(
+                f"{type(model).__name__}: its logits are not lm_head(final norm(last layer)) "
+                f"x {self.logit_scale:g} (max gap {gap:.3g}); draftsmith does not know how this "
+                "architecture turns its last hidden state into logits"
+            )
+        return self
 
     @property
     def vocab_size(self) -> int:

@@ -3,6 +3,7 @@ vocab mapping, persistence and target checks."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,11 @@ def test_target_parts_give_the_models_own_logits(architecture, scaling, make_tin
     torch.testing.assert_close(
         parts.restricted(torch.arange(5)).logits(capture.hidden), logits[..., :5]
     )
+    assert parts.check(target) is parts
+    # parts that miss the model's transform are refused before anything trains on them
+    unscaled = dataclasses.replace(parts, logit_scale=1.0)
+    with pytest.raises(ValueError, match="logits are not lm_head"):
+        unscaled.check(target)
 
 
 @pytest.mark.parametrize("name", ["eagle1", "eagle3", "medusa"])

@@ -131,6 +131,7 @@ def run(cfg: Config) -> dict:
         )
     dataset = datasets.load_from_disk(str(prepared))
     target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
+    TargetParts.from_model(target).check(target)  # an unknown logit transform fails here, early
     n_layers = target.config.num_hidden_layers
     aux_layers = aux_layers_for(cfg, n_layers)
     header = {

@@ -98,7 +98,7 @@ def setup(cfg: Config, rank: int):
     online = t.source == "online"
     target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
     info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
-    head = build_head(cfg.head, info).bind(TargetParts.from_model(target))
+    head = build_head(cfg.head, info).bind(TargetParts.from_model(target).check(target))
     aux_layers = list(getattr(head.config, "aux_layers", []) or [])
     import datasets
 
