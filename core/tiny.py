@@ -67,7 +67,7 @@ def build_tiny_target(
     from transformers import AutoModelForCausalLM
 
     tokenizer = build_byte_tokenizer(chat_template)
-    config = getattr(transformers, f"{architecture}Config")(
+    sizes = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -79,8 +79,8 @@ def build_tiny_target(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
-        **config_overrides,
     )
+    config = getattr(transformers, f"{architecture}Config")(**(sizes | config_overrides))
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)

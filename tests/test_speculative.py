@@ -145,6 +145,24 @@ ARCHITECTURES = {
     "Falcon": {},
     "Phi": {},
     "OPT": {"ffn_dim": 128, "word_embed_proj_dim": 64},
+    "Mixtral": {"sliding_window": 12, "num_local_experts": 4},
+    "Cohere2": {"sliding_window": 12, "sliding_window_pattern": 2, "logit_scale": 0.25},
+    "SmolLM3": {},  # every fourth layer without RoPE
+    # multi-head latent attention: keys and values decompressed per query head
+    "DeepseekV3": {
+        "num_key_value_heads": 4,
+        "kv_lora_rank": 16,
+        "q_lora_rank": 32,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 16,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+    },
 }
 CASES = [(a, "sdpa") for a in ARCHITECTURES] + [("Mistral", "flex"), ("Gemma3Text", "flex")]
 
