@@ -111,14 +111,12 @@ def load_target(
             f"(`draftsmith assets fetch NAME`) or {TINY_NAME!r}. ({err})"
         ) from err
     except ValueError as err:
-        if "attention implementation" not in str(err):
+        if "attention implementation" not in str(err) or attn_implementation == "eager":
             raise
-        # e.g. Gemma 2 (attention-logit softcapping) and GPT-OSS (attention sinks) run eager only
-        raise ValueError(
-            f"target {name_or_path!r} cannot run attn_implementation={attn_implementation!r}, "
-            "and draftsmith's tree attention backends (sdpa, flex, flash) compute plain "
-            f"softmax attention, so this architecture is not supported. ({err})"
-        ) from err
+        # architectures transformers runs eagerly only (Gemma 2's softcapped attention logits,
+        # GPT-OSS's attention sinks): their eager attention also verifies trees, taking the tree
+        # mask as it is (inference/attention.py: tree_implementation)
+        return load_target(name_or_path, dtype, device, trust_remote_code, "eager")
     model.to(device)
     model.eval()
     model.requires_grad_(False)

@@ -103,10 +103,12 @@ class TargetParts:
     embed_tokens: nn.Module
     norm: nn.Module
     lm_head: nn.Module
-    # the factor the model itself puts on its lm_head's output (Granite divides by
-    # `logits_scaling`, Cohere multiplies by `logit_scale`; 1 for most): it sets the temperature
-    # of the distributions heads are trained on and draft trees are ranked by
+    # what the model itself does to its lm_head's output: a factor (Granite divides by
+    # `logits_scaling`, Cohere multiplies by `logit_scale`; 1 for most) and a tanh softcap
+    # (Gemma 2's `final_logit_softcapping`); they shape the distributions heads are trained on
+    # and draft trees are ranked by
     logit_scale: float = 1.0
+    softcap: float | None = None
 
     @classmethod
     def from_model(cls, model: nn.Module) -> TargetParts:
@@ -114,13 +116,22 @@ class TargetParts:
         scale = (getattr(config, "logit_scale", None) or 1.0) / (
             getattr(config, "logits_scaling", None) or 1.0
         )
+        softcap = getattr(config, "final_logit_softcapping", None)
         return cls(
-            model.get_input_embeddings(), final_norm(model), model.get_output_embeddings(), scale
+            model.get_input_embeddings(),
+            final_norm(model),
+            model.get_output_embeddings(),
+            scale,
+            softcap,
         )
 
     def scaled(self, logits: torch.Tensor) -> torch.Tensor:
         """The lm_head's raw `logits` as the model outputs them."""
-        return logits if self.logit_scale == 1.0 else logits * self.logit_scale
+        if self.logit_scale != 1.0:
+            logits = logits * self.logit_scale
+        if self.softcap is not None:  # in the model's order: divide, tanh, multiply
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Target logits from final-normed features [.., H] -> [.., V]."""
@@ -143,9 +154,10 @@ class TargetParts:
         gap = float((got - expected).abs().max())
         if not gap <= 1e-2 * max(float(expected.abs().max()), 1.0):
             raise ValueError(
-                f"{type(model).__name__}: its logits are not lm_head(final norm(last layer)) "
-                f"x {self.logit_scale:g} (max gap {gap:.3g}); draftsmith does not know how this "
-                "architecture turns its last hidden state into logits"
+                f"{type(model).__name__}: its logits are not lm_head(final norm(last layer)), "
+                f"scaled by {self.logit_scale:g} and softcapped at {self.softcap} (max gap "
+                f"{gap:.3g}); draftsmith does not know how this architecture turns its last "
+                "hidden state into logits"
             )
         return self
 
@@ -161,7 +173,7 @@ class TargetParts:
         lm_head = nn.Linear(weight.shape[1], token_ids.numel(), bias=False)
         lm_head.to(device=weight.device, dtype=weight.dtype)
         lm_head.weight.data = weight.detach()[token_ids.to(weight.device)].contiguous()
-        return TargetParts(self.embed_tokens, self.norm, lm_head, self.logit_scale)
+        return dataclasses.replace(self, lm_head=lm_head)
 
     @torch.no_grad()
     def top_tokens(self, hidden: torch.Tensor) -> torch.Tensor:

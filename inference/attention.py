@@ -9,7 +9,8 @@ transformers passes a 4D mask through untouched. Backends (`tree.attention`):
   flash - CUDA only: flash-attn over the prefix (no mask, returns the log-sum-exp), a dense pass
           over the small tree block, the two merged by log-sum-exp. This file is the only place
           that imports flash_attn.
-Asking for an unavailable backend is an error, never a silent switch.
+Asking for an unavailable backend is an error, never a silent switch. A target loaded with eager
+attention (Gemma 2, GPT-OSS: transformers runs them eagerly only) keeps it, with sdpa's mask.
 Sliding-window layers get the window in their mask (`attention_windows`, `tree_masks`): one mask
 for the whole model, or one per layer type where a model mixes full and sliding layers.
 """
@@ -249,13 +250,29 @@ def tree_backend(backend: str) -> str:
     return BACKENDS[backend]
 
 
+def tree_implementation(model: torch.nn.Module, backend: str) -> str:
+    """The transformers attention implementation `model` verifies trees with on tree backend
+    `backend`: the backend's own, or, for a model loaded with eager attention (architectures
+    transformers runs eagerly only: Gemma 2's softcapped logits, GPT-OSS's sinks), its eager
+    attention, which adds the sdpa backend's additive mask to its scores as it is."""
+    name = tree_backend(backend)
+    if model.config._attn_implementation != "eager":
+        return name
+    if backend != "sdpa":
+        raise ValueError(
+            f"{type(model).__name__} runs eager attention, which verifies trees with the additive "
+            f"mask of tree.attention=sdpa; tree.attention={backend} cannot apply to it"
+        )
+    return "eager"
+
+
 @contextmanager
 def tree_attention(model: torch.nn.Module, backend: str) -> Iterator[None]:
     """`model` on tree backend `backend` inside the block, on its own backend again after: the
     target is shared (baselines, regeneration, other decoders), and our backends are for
     unpadded batch-1 tree forwards only."""
     previous = model.config._attn_implementation
-    model.set_attn_implementation(tree_backend(backend))
+    model.set_attn_implementation(tree_implementation(model, backend))
     try:
         yield
     finally:

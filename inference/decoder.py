@@ -24,7 +24,7 @@ from draftsmith.heads import DraftHead
 from draftsmith.inference.attention import (
     attention_windows,
     tree_attention,
-    tree_backend,
+    tree_implementation,
     tree_masks,
 )
 from draftsmith.inference.cache import keep_accepted
@@ -99,7 +99,8 @@ class SpecDecoder:
         draft_vocab: torch.Tensor | None = None,
     ) -> None:
         self.target, self.head, self.spec = target, head, tree
-        tree_backend(tree.attention)  # an unavailable backend fails here, not mid-eval
+        # an unavailable backend fails here, not mid-eval
+        tree_implementation(target, tree.attention)
         self.windows = attention_windows(target.config)  # so does an unsupported layer type
         self.drafter = make_drafter(head, draft_vocab)
         self.aux_layers = list(getattr(head.config, "aux_layers", []) or [])

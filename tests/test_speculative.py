@@ -148,6 +148,10 @@ ARCHITECTURES = {
     "Mixtral": {"sliding_window": 12, "num_local_experts": 4},
     "Cohere2": {"sliding_window": 12, "sliding_window_pattern": 2, "logit_scale": 0.25},
     "SmolLM3": {},  # every fourth layer without RoPE
+    # eager attention only (verified with the additive mask): softcapped attention and final
+    # logits; attention sinks, sliding and full layers alternating
+    "Gemma2": {"sliding_window": 12, "head_dim": 16},
+    "GptOss": {"sliding_window": 12, "head_dim": 16, "num_local_experts": 4},
     # multi-head latent attention: keys and values decompressed per query head
     "DeepseekV3": {
         "num_key_value_heads": 4,
@@ -184,6 +188,14 @@ def test_other_architectures_are_lossless(architecture, backend, make_tiny) -> N
     with FeatureCapture(target) as capture, torch.no_grad():
         logits = target(input_ids=torch.tensor([prompt])).logits
     torch.testing.assert_close(TargetParts.from_model(target).logits(capture.hidden), logits)
+
+
+def test_eager_targets_refuse_other_tree_backends(make_tiny) -> None:
+    from draftsmith.target import load_target
+
+    target = load_target(str(make_tiny(architecture="Gemma2", head_dim=16)))
+    with pytest.raises(ValueError, match="runs eager attention"):
+        SpecDecoder(target, untrained("eagle3", target), replace(TREES["chain"], attention="flex"))
 
 
 def test_unsupported_attention_layers_are_refused(tiny_target) -> None:
