@@ -153,11 +153,13 @@ class TargetParts:
         got = self.logits(capture.hidden).float()
         gap = float((got - expected).abs().max())
         if not gap <= 1e-2 * max(float(expected.abs().max()), 1.0):
+            known = f"lm_head(final norm(last layer)) x {self.logit_scale:g}" + (
+                f", softcapped at {self.softcap:g}" if self.softcap is not None else ""
+            )
             raise ValueError(
-                f"{type(model).__name__}: its logits are not lm_head(final norm(last layer)), "
-                f"scaled by {self.logit_scale:g} and softcapped at {self.softcap} (max gap "
-                f"{gap:.3g}); draftsmith does not know how this architecture turns its last "
-                "hidden state into logits"
+                f"{type(model).__name__}: its logits are not {known} (max gap {gap:.3g}); "
+                "draftsmith does not know how this architecture turns its last hidden state "
+                "into logits"
             )
         return self
 

@@ -62,3 +62,30 @@ def test_collect_refuses_other_settings(tmp_path: Path) -> None:
     overrides = tiny_run(tmp_path, rows=12)
     with pytest.raises(ValueError, match="other settings"):
         collect.run(compose([*overrides, "collect.aux_layers=[1,2,3]"]))
+
+
+def test_collect_and_train_refuse_parts_that_miss_the_models_logits(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Borrowed target parts that do not reproduce the model's logits (an architecture whose
+    logit transform draftsmith does not know) stop both stages before any shard or step."""
+    import dataclasses
+    import shutil
+
+    from draftsmith.heads import TargetParts
+    from draftsmith.train import loop
+
+    overrides = tiny_run(tmp_path, rows=12)
+    real = TargetParts.from_model.__func__
+    monkeypatch.setattr(
+        TargetParts,
+        "from_model",
+        classmethod(lambda cls, model: dataclasses.replace(real(cls, model), logit_scale=2.0)),
+    )
+    with pytest.raises(ValueError, match="logits are not lm_head"):
+        loop.run(compose([*overrides, "head=eagle3", "head.draft_vocab_size=128"]))
+    assert not (tmp_path / "runs/t/train/head").exists()
+    shutil.rmtree(tmp_path / "runs/t/collect")
+    with pytest.raises(ValueError, match="logits are not lm_head"):
+        collect.run(compose(overrides))
+    assert not list((tmp_path / "runs/t").glob("collect/**/*.safetensors"))
