@@ -18,9 +18,17 @@ LAYER_CONVENTION = "input_of_layer"  # recorded in shard indexes and head config
 
 # where transformers' causal LMs keep their decoder layers and final norm, below the backbone
 # (`base_model`): Llama-style models (`layers`, `norm`), GPT-2 / Falcon / BigCode (`h`, `ln_f`),
-# GPT-NeoX (`layers`, `final_layer_norm`), Phi (`final_layernorm`), OPT (`decoder.*`)
-LAYER_LISTS = ("layers", "h", "decoder.layers")
-FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "decoder.final_layer_norm")
+# GPT-NeoX (`layers`, `final_layer_norm`), Phi (`final_layernorm`), OPT (`decoder.*`), and
+# image-text models decoding text (Gemma 3 4B+ checkpoints: `language_model.*`)
+LAYER_LISTS = ("layers", "h", "decoder.layers", "language_model.layers")
+FINAL_NORMS = (
+    "norm",
+    "ln_f",
+    "final_layer_norm",
+    "final_layernorm",
+    "decoder.final_layer_norm",
+    "language_model.norm",
+)
 
 
 def backbone(model: nn.Module) -> nn.Module:

@@ -48,6 +48,9 @@ class TargetInfo:
 
     @classmethod
     def from_hf_config(cls, config: Any, name: str = "") -> TargetInfo:
+        name = name or getattr(config, "_name_or_path", "")
+        # an image-text model's sizes are its text decoder's (a plain LM's config is its own)
+        config = config.get_text_config(decoder=True)
         rope = getattr(config, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         heads = config.num_attention_heads
@@ -65,7 +68,7 @@ class TargetInfo:
             rope_theta=float(theta),
             max_position_embeddings=config.max_position_embeddings,
             hidden_act=getattr(config, "hidden_act", "silu"),
-            name=name or getattr(config, "_name_or_path", ""),
+            name=name,
         )
 
     def check_compatible(self, other: TargetInfo, what: str) -> None:

@@ -152,6 +152,30 @@ ARCHITECTURES = {
     # logits; attention sinks, sliding and full layers alternating
     "Gemma2": {"sliding_window": 12, "head_dim": 16},
     "GptOss": {"sliding_window": 12, "head_dim": 16, "num_local_experts": 4},
+    # an image-text checkpoint decoding text (Gemma 3 4B and up): its text decoder is the target
+    "Gemma3": {
+        "text_config": {
+            "vocab_size": 259,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "sliding_window": 12,
+            "sliding_window_pattern": 2,
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 32,
+            "patch_size": 8,
+        },
+        "mm_tokens_per_image": 4,
+    },
     # multi-head latent attention: keys and values decompressed per query head
     "DeepseekV3": {
         "num_key_value_heads": 4,

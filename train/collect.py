@@ -132,13 +132,14 @@ def run(cfg: Config) -> dict:
     dataset = datasets.load_from_disk(str(prepared))
     target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
     TargetParts.from_model(target).check(target)  # an unknown logit transform fails here, early
-    n_layers = target.config.num_hidden_layers
+    text = target.config.get_text_config(decoder=True)  # an image-text model's text decoder
+    n_layers = text.num_hidden_layers
     aux_layers = aux_layers_for(cfg, n_layers)
     header = {
         "target": target_name(cfg.target.path),
         "target_path": cfg.target.path,
-        "hidden_size": target.config.hidden_size,
-        "vocab_size": target.config.vocab_size,
+        "hidden_size": text.hidden_size,
+        "vocab_size": text.vocab_size,
         "num_layers": n_layers,
         "layer_convention": LAYER_CONVENTION,
         "aux_layers": aux_layers,
