@@ -24,7 +24,7 @@ from draftsmith.assets import sha256_file
 from draftsmith.conf.schema import Config
 from draftsmith.features import LAYER_CONVENTION, extract_features
 from draftsmith.files import write_text_atomic
-from draftsmith.heads import TargetParts
+from draftsmith.heads import TargetInfo, TargetParts
 from draftsmith.heads.eagle3 import default_aux_layers
 from draftsmith.target import load_target, target_name, torch_dtype
 
@@ -132,14 +132,14 @@ def run(cfg: Config) -> dict:
     dataset = datasets.load_from_disk(str(prepared))
     target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
     TargetParts.from_model(target).check(target)  # an unknown logit transform fails here, early
-    text = target.config.get_text_config(decoder=True)  # an image-text model's text decoder
-    n_layers = text.num_hidden_layers
+    info = TargetInfo.from_hf_config(target.config)  # an image-text model's: its text decoder's
+    n_layers = info.num_layers
     aux_layers = aux_layers_for(cfg, n_layers)
     header = {
         "target": target_name(cfg.target.path),
         "target_path": cfg.target.path,
-        "hidden_size": text.hidden_size,
-        "vocab_size": text.vocab_size,
+        "hidden_size": info.hidden_size,
+        "vocab_size": info.vocab_size,
         "num_layers": n_layers,
         "layer_convention": LAYER_CONVENTION,
         "aux_layers": aux_layers,
