@@ -70,10 +70,7 @@ def split_tree_attention(q, k, v, mask, scale, prefix_fn=None) -> torch.Tensor:
     if prefix == 0:
         return out_b
     if mask is not None and not bool(mask[..., :prefix].all()):
-        raise ValueError(
-            "split tree attention needs every query to see the whole prefix (a sliding-window "
-            "layer past its window is not supported by tree.attention=flash: use sdpa or flex)"
-        )
+        raise ValueError("split tree attention needs every query to see the whole prefix")
     fn = prefix_fn or (lambda q_, k_, v_, s: dense_attention_lse(q_, k_, v_, None, s))
     out_a, lse_a = fn(q, k[:, :, :prefix], v[:, :, :prefix], scale)
     return merge_attention(out_a, lse_a, out_b, lse_b)

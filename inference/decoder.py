@@ -99,9 +99,15 @@ class SpecDecoder:
         draft_vocab: torch.Tensor | None = None,
     ) -> None:
         self.target, self.head, self.spec = target, head, tree
-        # an unavailable backend fails here, not mid-eval
+        # an unsupported layer type or an unavailable backend fails here, not mid-eval
+        self.windows = attention_windows(target.config)
+        if tree.attention == "flash" and any(self.windows.values()):
+            # flash-attn reads the whole prefix unmasked, which a window would cut once the
+            # context outgrows it
+            raise ValueError(
+                "tree.attention=flash does not support sliding-window layers; use sdpa or flex"
+            )
         tree_implementation(target, tree.attention)
-        self.windows = attention_windows(target.config)  # so does an unsupported layer type
         self.drafter = make_drafter(head, draft_vocab)
         self.aux_layers = list(getattr(head.config, "aux_layers", []) or [])
         depth = {"chain": tree.depth, "static": None, "dynamic": tree.depth}[tree.kind]

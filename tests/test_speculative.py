@@ -214,6 +214,14 @@ def test_other_architectures_are_lossless(architecture, backend, make_tiny) -> N
     torch.testing.assert_close(TargetParts.from_model(target).logits(capture.hidden), logits)
 
 
+def test_flash_refuses_sliding_window_targets(make_tiny) -> None:
+    from draftsmith.target import load_target
+
+    target = load_target(str(make_tiny(architecture="Mistral", sliding_window=12)))
+    with pytest.raises(ValueError, match="flash does not support sliding-window"):
+        SpecDecoder(target, untrained("eagle3", target), replace(TREES["chain"], attention="flash"))
+
+
 def test_eager_targets_refuse_other_tree_backends(make_tiny) -> None:
     from draftsmith.target import load_target
 
