@@ -251,7 +251,14 @@ def tree_implementation(model: torch.nn.Module, backend: str) -> str:
     """The transformers attention implementation `model` verifies trees with on tree backend
     `backend`: the backend's own, or, for a model loaded with eager attention (architectures
     transformers runs eagerly only: Gemma 2's softcapped logits, GPT-OSS's sinks), its eager
-    attention, which adds the sdpa backend's additive mask to its scores as it is."""
+    attention, which adds the sdpa backend's additive mask to its scores as it is. A backend
+    that cannot verify this model is an error."""
+    if backend == "flash" and any(attention_windows(model.config).values()):
+        # flash-attn reads the whole prefix unmasked, which a window cuts once the context
+        # outgrows it
+        raise ValueError(
+            "tree.attention=flash does not support sliding-window layers; use sdpa or flex"
+        )
     name = tree_backend(backend)
     if model.config._attn_implementation != "eager":
         return name

@@ -99,14 +99,9 @@ class SpecDecoder:
         draft_vocab: torch.Tensor | None = None,
     ) -> None:
         self.target, self.head, self.spec = target, head, tree
-        # an unsupported layer type or an unavailable backend fails here, not mid-eval
+        # an unsupported layer type or a backend that cannot verify this target fails here,
+        # not mid-eval
         self.windows = attention_windows(target.config)
-        if tree.attention == "flash" and any(self.windows.values()):
-            # flash-attn reads the whole prefix unmasked, which a window would cut once the
-            # context outgrows it
-            raise ValueError(
-                "tree.attention=flash does not support sliding-window layers; use sdpa or flex"
-            )
         tree_implementation(target, tree.attention)
         self.drafter = make_drafter(head, draft_vocab)
         self.aux_layers = list(getattr(head.config, "aux_layers", []) or [])
