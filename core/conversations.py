@@ -1,10 +1,14 @@
 """Read conversations from any supported source into one `Conversation` type.
 
 Sources: ShareGPT JSON/JSONL (`conversations: [{from, value}]`), OpenAI messages JSONL
-(`messages: [{role, content}]`), plain text rows (`text`), MT-bench (`turns`), HumanEval
-(`prompt`), HF datasets saved on disk or on the hub, and the embedded data assets by name.
-Malformed rows are skipped with their index and reason counted in a `ReadReport`, never silently.
-A JSON array cut off mid-record (the embedded ShareGPT file is) keeps every complete record.
+(`messages: [{role, content}]`), prompt/completion (or response) pairs, Alpaca rows
+(`instruction`, `input`, `output`), plain text rows (`text`), MT-bench (`turns`), HumanEval
+(`prompt`); as JSON, JSONL (optionally .gz), Parquet, Arrow or CSV files, folders of them, HF
+datasets saved on disk or on the hub, and the embedded data assets by name. Malformed rows are
+skipped with their index and reason counted in a `ReadReport`, never silently; a file that cannot
+be read at all is an error naming it. A JSON array cut off mid-record (the embedded ShareGPT file
+is) keeps every complete record; a complete array with a malformed record is an error, as
+reading on past it cannot be done reliably.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +115,28 @@ def _turns_from(items: Any, role_key: str, content_key: str) -> list[Turn]:
     return turns
 
 
+def _text(row: dict, key: str) -> str:
+    if not isinstance(row[key], str):
+        raise RowError(f"non-string content: {key}")
+    return row[key]
+
+
+def _pair_turns(row: dict) -> list[Turn]:
+    """A prompt and, where the row has one, its answer: prompt + completion | response | output
+    (HumanEval has the prompt alone), or Alpaca's instruction [+ input] + output."""
+    if "instruction" in row:
+        prompt = _text(row, "instruction")
+        if row.get("input"):
+            prompt = f"{prompt}\n\n{_text(row, 'input')}"
+    else:
+        prompt = _text(row, "prompt")
+    turns = [Turn("user", prompt)]
+    answer = next((k for k in ("completion", "response", "output") if row.get(k) is not None), None)
+    if answer is not None:
+        turns.append(Turn("assistant", _text(row, answer)))
+    return turns
+
+
 def parse_row(row: Any, index: int) -> Conversation:
     """One raw record -> Conversation, or RowError with the reason."""
     if not isinstance(row, dict):
@@ -127,14 +154,10 @@ def parse_row(row: Any, index: int) -> Conversation:
         if not all(isinstance(t, str) for t in row["turns"] or [None]):
             raise RowError("non-string content: MT-bench turns")
         turns = [Turn("user", t) for t in row["turns"]]
-    elif "prompt" in row:  # HumanEval: complete the function
-        if not isinstance(row["prompt"], str):
-            raise RowError("non-string content: prompt")
-        turns = [Turn("user", row["prompt"])]
+    elif "prompt" in row or "instruction" in row:
+        turns = _pair_turns(row)
     elif "text" in row:
-        if not isinstance(row["text"], str):
-            raise RowError("non-string content: text")
-        turns = [Turn("user", row["text"])]
+        turns = [Turn("user", _text(row, "text"))]
     else:
         raise RowError(f"unknown format: keys {sorted(row)[:6]}")
     if not turns or all(not t.content.strip() for t in turns):
@@ -143,7 +166,7 @@ def parse_row(row: Any, index: int) -> Conversation:
     return Conversation(row_id, turns, category if isinstance(category, str) else "")
 
 
-def _iter_json_array(text: str, report: ReadReport):
+def _iter_json_array(text: str, path: Path, report: ReadReport):
     """Yield records of a JSON array one by one; stop cleanly at a cut-off final record."""
     decoder = json.JSONDecoder()
     pos = text.index("[") + 1
@@ -155,36 +178,73 @@ def _iter_json_array(text: str, report: ReadReport):
             return
         try:
             record, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as err:
+            if text.rstrip().endswith("]"):  # the array is complete: this record is malformed
+                raise ValueError(
+                    f"{path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}"
+                ) from None
             report.truncated_bytes = len(text[pos:].encode("utf-8"))
             return
         yield record
 
 
+# files read through a `datasets` builder, by suffix (a hub dataset's data files often are these)
+_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
+_JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+
+
+def _json_lines(lines: Iterable[str]):
+    for line_no, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as err:
+            yield RowError(f"invalid JSON: line {line_no + 1}: {err.msg}")
+
+
 def _iter_records(path: Path, report: ReadReport):
+    if path.suffix in _BUILDERS:
+        yield from _iter_dataset(_BUILDERS[path.suffix], data_files=str(path))
+        return
+    if not path.name.endswith(_JSON_SUFFIXES):
+        raise ValueError(
+            f"{path}: unsupported file type; conversations are read from "
+            f"{', '.join(_JSON_SUFFIXES + tuple(_BUILDERS))} files or a dataset folder"
+        )
     opener = gzip.open if path.suffix == ".gz" else open
-    name = path.name.removesuffix(".gz")
-    with opener(path, "rt", encoding="utf-8") as f:
-        if name.endswith(".jsonl"):
-            for line_no, line in enumerate(f):
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as err:
-                    yield RowError(f"invalid JSON: line {line_no + 1}: {err.msg}")
-        else:
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            if path.name.removesuffix(".gz").endswith(".jsonl"):
+                yield from _json_lines(f)  # streamed: JSONL files can be large
+                return
             text = f.read()
-            if text.lstrip().startswith("["):
-                yield from _iter_json_array(text, report)
-            else:
-                yield json.loads(text)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    if text.lstrip().startswith("["):
+        yield from _iter_json_array(text, path, report)
+        return
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as err:
+        if err.msg != "Extra data":
+            raise ValueError(
+                f"{path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}"
+            ) from None
+        # one value per line: JSON Lines under a .json name (many hub datasets' files are)
+        yield from _json_lines(text.splitlines())
+        return
+    yield record
 
 
-def _iter_dataset(source: str):
+def _iter_dataset(source: str, data_files: str | None = None):
+    """Rows of a saved dataset folder, or of `datasets.load_dataset(source, data_files=...)`
+    (a hub id, a folder of data files, or a builder name such as "parquet" with its files)."""
     import datasets
 
-    if Path(source).is_dir():
+    if data_files is not None:
+        ds = datasets.load_dataset(source, data_files=data_files)
+    elif Path(source).is_dir() and any((Path(source) / f).exists() for f in _DATASET_MARKERS):
         ds = datasets.load_from_disk(source)
     else:
         ds = datasets.load_dataset(source)
@@ -203,15 +263,17 @@ def read_conversations(
     """Read up to `limit` valid conversations from a file, folder, HF dataset or asset name."""
     path = asset_path(source) if source in ASSETS else Path(source)
     report = ReadReport(source=str(source))
+    files = (
+        sorted(p for p in path.iterdir() if p.name.endswith(_JSON_SUFFIXES))
+        if path.is_dir()
+        else []
+    )
     if path.is_file():
         records = _iter_records(path, report)
-    elif path.is_dir() and any((path / f).exists() for f in _DATASET_MARKERS):
-        records = _iter_dataset(str(path))
-    elif path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.name.endswith((".json", ".jsonl", ".gz")))
+    elif files and not any((path / f).exists() for f in _DATASET_MARKERS):
         records = (r for p in files for r in _iter_records(p, report))
-    else:
-        records = _iter_dataset(str(source))
+    else:  # a saved dataset, a folder of Parquet/Arrow/CSV files (datasets finds them), a hub id
+        records = _iter_dataset(str(path) if path.is_dir() else str(source))
     conversations: list[Conversation] = []
     for index, record in enumerate(records):
         if limit is not None and len(conversations) >= limit:

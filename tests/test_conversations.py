@@ -6,6 +6,8 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from draftsmith.conversations import read_conversations
 
 SHAREGPT = [
@@ -108,3 +110,56 @@ def test_hf_dataset_on_disk(tmp_path: Path) -> None:
     ds.save_to_disk(str(tmp_path / "ds"))
     convs, report = read_conversations(str(tmp_path / "ds"))
     assert report.rows_kept == 1 and convs[0].turns[1].content == "hi"
+
+
+def test_parquet_csv_files_and_a_folder_of_them(tmp_path: Path) -> None:
+    import datasets
+
+    rows = [{"prompt": f"q{i}", "response": f"a{i}"} for i in range(3)]
+    ds = datasets.Dataset.from_list(rows)
+    ds.to_parquet(str(tmp_path / "train.parquet"))
+    ds.to_csv(str(tmp_path / "train.csv"), index=False)
+    (tmp_path / "hub" / "data").mkdir(parents=True)  # a hub dataset repo's layout
+    ds.to_parquet(str(tmp_path / "hub" / "data" / "train-00000-of-00001.parquet"))
+    for source in ("train.parquet", "train.csv", "hub"):
+        convs, report = read_conversations(str(tmp_path / source))
+        assert report.rows_kept == 3, source
+        assert [(t.role, t.content) for t in convs[2].turns] == [
+            ("user", "q2"),
+            ("assistant", "a2"),
+        ]
+
+
+def test_pair_rows_in_json_lines_under_a_json_name(tmp_path: Path) -> None:
+    rows = [
+        {"instruction": "Add", "input": "2 and 2", "output": "4"},
+        {"instruction": "Say hi", "input": "", "output": "hi"},
+        {"prompt": "Hi", "completion": "Hello!"},
+        {"prompt": "Hi", "response": 3},
+    ]
+    path = tmp_path / "pairs.json"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    convs, report = read_conversations(str(path))
+    assert [[(t.role, t.content) for t in c.turns] for c in convs] == [
+        [("user", "Add\n\n2 and 2"), ("assistant", "4")],
+        [("user", "Say hi"), ("assistant", "hi")],
+        [("user", "Hi"), ("assistant", "Hello!")],
+    ]
+    assert report.skipped == {"non-string content": 1}
+    assert "response" in report.examples[0]
+
+
+def test_unreadable_files_are_errors_naming_them(tmp_path: Path) -> None:
+    complete = json.dumps(SHAREGPT)
+    broken = complete.replace('{"id": "b"', '{"id": "b",, ', 1)  # malformed, array complete
+    cases = {
+        "mid.json": (broken.encode(), "invalid JSON at line 1 column"),
+        "obj.json": (b'{"messages": [', "invalid JSON at line 1 column"),
+        "latin1.json": ('[{"text": "caf\u00e9"}]'.encode("latin-1"), "not UTF-8"),
+        "rows.txt": (b"hello", "unsupported file type"),
+    }
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match=message) as err:
+            read_conversations(str(tmp_path / name))
+        assert name in str(err.value)
