@@ -85,6 +85,9 @@ class TreeSpec:
             raise ValueError(f"tree.kind={self.kind!r}: expected dynamic, static or chain")
         if self.attention not in ("sdpa", "flex", "flash"):
             raise ValueError(f"tree.attention={self.attention!r}: expected sdpa, flex or flash")
+        for name, least in (("depth", 1), ("top_k", 1), ("total_tokens", 2)):  # 2: root + a draft
+            if getattr(self, name) < least:
+                raise ValueError(f"tree.{name}={getattr(self, name)}: expected >= {least}")
         if self.lookup < 0 or (self.kind == "dynamic" and self.lookup >= self.total_tokens - 1):
             raise ValueError(
                 f"tree.lookup={self.lookup}: expected >= 0, and for a dynamic tree fewer than "

@@ -20,6 +20,7 @@ from draftsmith.inference.cache import keep_accepted
 from draftsmith.inference.tree import (
     StaticTree,
     Tree,
+    TreeSpec,
     build_dynamic_tree,
     chain_choices,
     topk_choices,
@@ -127,6 +128,17 @@ def test_static_trees() -> None:
     assert tree.size == 12
     with pytest.raises(ValueError, match="closed under prefixes"):
         StaticTree([[0, 1]])
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"depth": 0}, {"top_k": 0}, {"total_tokens": 1}, {"kind": "wide"}, {"attention": "xformers"}],
+)
+def test_tree_spec_refuses_settings_that_cannot_draft(setting: dict) -> None:
+    # a zero depth or width used to decode at tau 1 (or fail deep in the drafter)
+    name = next(iter(setting))
+    with pytest.raises(ValueError, match=f"tree.{name}="):
+        TreeSpec(**setting)
 
 
 def test_default_static_tree_is_wide_at_the_root_and_deep_on_top_1() -> None:
