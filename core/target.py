@@ -51,6 +51,13 @@ def resolve_target_path(name_or_path: str) -> str:
         if ASSETS[name_or_path].kind != "target":
             raise AssetError(f"asset {name_or_path!r} is data, not a target model")
         return str(asset_path(name_or_path))
+    # a hub id is "name" or "owner/name"; anything else is a local path, which must exist
+    # (transformers would otherwise report a missing folder as a malformed repo id)
+    if name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
+        path = Path(name_or_path).expanduser()
+        if not path.exists():
+            raise AssetError(f"could not load target {name_or_path!r}: no such folder")
+        return str(path)
     return name_or_path
 
 
@@ -62,11 +69,23 @@ def target_name(name_or_path: str) -> str:
     return path.name if path.exists() else name_or_path
 
 
+def _unloadable(name_or_path: str, err: OSError) -> AssetError:
+    return AssetError(
+        f"could not load target {name_or_path!r}: not a local folder with config.json, and the "
+        f"hub is not reachable or has no such model. Embedded targets: "
+        f"{[a for a, v in ASSETS.items() if v.kind == 'target']} "
+        f"(`draftsmith assets fetch NAME`) or {TINY_NAME!r}. ({err})"
+    )
+
+
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     path = resolve_target_path(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise _unloadable(name_or_path, err) from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -104,12 +123,7 @@ def load_target(
             local_files_only=local,
         )
     except OSError as err:
-        raise AssetError(
-            f"could not load target {name_or_path!r}: not a local folder with config.json, and the "
-            f"hub is not reachable or has no such model. Embedded targets: "
-            f"{[a for a, v in ASSETS.items() if v.kind == 'target']} "
-            f"(`draftsmith assets fetch NAME`) or {TINY_NAME!r}. ({err})"
-        ) from err
+        raise _unloadable(name_or_path, err) from err
     except ValueError as err:
         if "attention implementation" not in str(err) or attn_implementation == "eager":
             raise

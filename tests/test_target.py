@@ -71,8 +71,11 @@ def test_uncached_asset_names_the_command(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(AssetError, match="could not load target"):
+    with pytest.raises(AssetError, match="could not load target .*: no such folder"):
         load_target(str(tmp_path / "nowhere"))
+    # the tokenizer, which the eval loads first, said "Repo id must be in the form ..."
+    with pytest.raises(AssetError, match="could not load target .*: no such folder"):
+        load_tokenizer(str(tmp_path / "nowhere"))
 
 
 def test_compiled_target_captures_the_layers_each_head_asks_for() -> None:
