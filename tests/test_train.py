@@ -116,6 +116,9 @@ def test_init_from_starts_at_the_given_head(run_overrides) -> None:
                 ]
             )
         )
+    # zero steps used to save the untrained head as if it were trained
+    with pytest.raises(ValueError, match="no steps to train"):
+        loop.run(compose([*common, "run_name=none", "train.epochs=0"]))
 
 
 def test_loss_on_all_trains_every_real_token(run_overrides) -> None:
