@@ -205,8 +205,11 @@ class ExportConfig:
 class EvalConfig(SamplingKeys):
     # prompts: mt-bench | humaneval | heldout (prepared data) | a JSON/JSONL file of prompts
     benchmark: str = "mt-bench"
-    # first N prompts (null = all); only the first user turn of each is decoded
+    # first N conversations (null = all)
     limit: int | None = 80
+    # user turns decoded per conversation: "first" (the goals' protocol) or "all" (later turns
+    # follow each method's own earlier answers, as EAGLE's MT-bench evaluation does)
+    turns: str = "first"
     max_new_tokens: int = 128
     # (temperature / top_p / top_k: SamplingKeys, identical for every method)
     # baselines decoded interleaved with speculation: "vanilla" (generate) and/or "lookup"
@@ -232,6 +235,7 @@ class EvalConfig(SamplingKeys):
 
     def __post_init__(self) -> None:
         self.check_sampling("eval")
+        _check(self.turns, ("first", "all"), "eval.turns")
         for b in self.baselines:
             _check(b, ("vanilla", "lookup"), "eval.baselines")
         if self.draft_vocab_size < 0:

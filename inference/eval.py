@@ -6,7 +6,9 @@ speedups are ratios measured side by side; `eval.heads` adds other runs' heads t
 so several heads share one pass of each baseline. Greedy speculative outputs are compared with
 vanilla token for token; each divergence is reported with the target's top-2 logit gap where it
 starts. Tau is also reported per prompt and, where the benchmark's rows name one (MT-bench's
-eight), per category.
+eight), per category. `eval.turns=all` decodes every user turn of a conversation (MT-bench's
+second turns, as EAGLE's MT-bench numbers do), each method answering after its own earlier
+answers; the goals' protocol is the first turns alone.
 """
 
 from __future__ import annotations
@@ -42,9 +44,8 @@ from draftsmith.tracking import Tracker
 from draftsmith.train.prepare import answer_token_counts
 
 
-def benchmark_prompts(cfg: Config, tokenizer) -> tuple[list[list[int]], list[str]]:
-    """First user turn of each benchmark row, rendered with the target's chat template, and each
-    row's category ("" where the benchmark has none)."""
+def benchmark_source(cfg: Config) -> str:
+    """Where `eval.benchmark`'s conversations are read from."""
     source = cfg.eval.benchmark
     if source == "heldout":
         source = f"{cfg.input_dir('prepare')}/heldout.jsonl"
@@ -53,25 +54,38 @@ def benchmark_prompts(cfg: Config, tokenizer) -> tuple[list[list[int]], list[str
                 f"{source}: run `draftsmith prepare run_name={cfg.run_name}` "
                 "first (it writes the held-out conversations)"
             )
-    return first_turns(source, tokenizer, cfg.eval.limit)
+    return source
+
+
+def benchmark_prompts(cfg: Config, tokenizer) -> tuple[list[list[int]], list[str]]:
+    """First user turn of each benchmark row, rendered with the target's chat template, and each
+    row's category ("" where the benchmark has none)."""
+    return first_turns(benchmark_source(cfg), tokenizer, cfg.eval.limit)
+
+
+def user_turns(source: str, limit: int | None = None) -> tuple[list[list[str]], list[str]]:
+    """User turns of the first `limit` conversations of `source` (file, folder, HF dataset or
+    asset name) and each conversation's category ("" where the source names none)."""
+    conversations, report = read_conversations(source, limit=limit)
+    conversations = [conv for conv in conversations if conv.user_prompts()]
+    if not conversations:
+        raise ValueError(f"benchmark {source!r} has no usable prompts ({report.summary()})")
+    return [conv.user_prompts() for conv in conversations], [c.category for c in conversations]
 
 
 def first_turns(
     source: str, tokenizer, limit: int | None = None
 ) -> tuple[list[list[int]], list[str]]:
-    """First user turn of the first `limit` conversations of `source` (file, folder, HF dataset
-    or asset name), rendered with the target's chat template as the model sees a new chat, and
-    each conversation's category ("" where the source names none)."""
-    conversations, report = read_conversations(source, limit=limit)
-    if not conversations:
-        raise ValueError(f"benchmark {source!r} has no usable prompts ({report.summary()})")
-    prompts = [chat_prompt(tokenizer, conv.user_prompts()[0]) for conv in conversations]
-    return prompts, [conv.category for conv in conversations]
+    """First user turn of the first `limit` conversations of `source`, rendered with the target's
+    chat template as the model sees a new chat, and each conversation's category."""
+    turns, categories = user_turns(source, limit)
+    return [chat_prompt(tokenizer, t[0]) for t in turns], categories
 
 
-def chat_prompt(tokenizer, text: str) -> list[int]:
-    """`text` as the first user turn of a new chat, in the target's chat template."""
-    messages = [{"role": "user", "content": text}]
+def chat_prompt(tokenizer, text: str, history: list[dict] | None = None) -> list[int]:
+    """`text` as the next user turn after `history` (earlier messages; none: a new chat), in the
+    target's chat template, ending in the generation prompt."""
+    messages = [*(history or []), {"role": "user", "content": text}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
     return list(ids)
 
@@ -146,6 +160,23 @@ class _Contender:
     by_category: dict[str, DecodeStats] = field(default_factory=dict)
     per_prompt: list[dict] = field(default_factory=list)
     mismatches: list[dict] = field(default_factory=list)
+    # greedy prompts decoded from the same context as vanilla's (all turns of a conversation up
+    # to the first that follows a diverged answer)
+    compared: int = 0
+
+    def record(self, stats: DecodeStats, category: str, turn: int) -> None:
+        """One decoded prompt's statistics, overall, by category and per prompt."""
+        self.stats.add(stats)
+        self.by_category.setdefault(category, DecodeStats()).add(stats)
+        self.per_prompt.append(
+            {
+                "category": category,
+                "turn": turn,
+                "tokens": stats.new_tokens,
+                "forwards": stats.forwards,
+                "tau": stats.tau,
+            }
+        )
 
 
 def _tree_for(head, tree: TreeSpec) -> TreeSpec:
@@ -175,63 +206,73 @@ def evaluate(cfg: Config) -> dict[str, dict]:
         own = vocab if run == cfg.run_name or head.drafts_with_target_lm_head else None
         decoder = SpecDecoder(target, head, tree, own)
         contenders.append(_Contender(run, head_path, decoder, 0 if own is None else own.numel()))
-    prompts, categories = benchmark_prompts(cfg, tokenizer)
     e = cfg.eval
+    conversations, categories = user_turns(benchmark_source(cfg), e.limit)
+    if e.turns == "first":
+        conversations = [turns[:1] for turns in conversations]
     sampling = Sampling(e.temperature, e.top_p, e.top_k)
     stops = stop_token_ids(target, tokenizer)
     gen_kwargs = generate_kwargs(tokenizer, sampling, e.max_new_tokens, stops)
     by_run = {c.run: c for c in contenders}
     methods = [*by_run, *e.baselines]
 
-    def decode(method: str, index: int) -> tuple[list[int], DecodeStats | None]:
-        torch.manual_seed(cfg.seed + index)
+    def decode(method: str, prompt: list[int], seed: int) -> tuple[list[int], DecodeStats | None]:
+        torch.manual_seed(seed)
         if method in by_run:
-            generator = torch.Generator().manual_seed(cfg.seed + index)
+            generator = torch.Generator().manual_seed(seed)
             return by_run[method].decoder.generate(
-                prompts[index], e.max_new_tokens, sampling, stops, generator=generator
+                prompt, e.max_new_tokens, sampling, stops, generator=generator
             )
         extra = {"prompt_lookup_num_tokens": e.lookup_tokens} if method == "lookup" else {}
-        ids = torch.tensor([prompts[index]], device=cfg.device)
+        ids = torch.tensor([prompt], device=cfg.device)
         with torch.no_grad():
             out = target.generate(ids, **gen_kwargs, **extra)[0, ids.shape[1] :].tolist()
         return out, None
 
     if e.compile:
         compile_target(target)
+        first = chat_prompt(tokenizer, conversations[0][0])
         for method in tqdm(methods, desc="compile (untimed warm-up)", unit="method"):
-            decode(method, 0)
+            decode(method, first, cfg.seed)
     seconds = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)
-    for index in tqdm(range(len(prompts)), desc=f"eval {e.benchmark}", unit="prompt"):
-        outputs: dict[str, list[int]] = {}
-        # the order rotates per prompt so no method always runs first (warm caches, clocks)
+    prompts = 0
+    for index in tqdm(range(len(conversations)), desc=f"eval {e.benchmark}", unit="conv"):
+        turns = conversations[index]
+        prompts += len(turns)
+        # per method: each turn's prompt and output; later turns follow the method's own answers
+        seen: dict[str, list[tuple[list[int], list[int]]]] = {}
+        # the order rotates per conversation so no method always runs first (warm caches, clocks)
         order = methods[index % len(methods) :] + methods[: index % len(methods)]
         for method in order:
-            t0 = time.perf_counter()
-            out, prompt_stats = decode(method, index)
-            seconds[method] += time.perf_counter() - t0
-            if prompt_stats is not None:
-                contender = by_run[method]
-                contender.stats.add(prompt_stats)
-                category = contender.by_category.setdefault(categories[index], DecodeStats())
-                category.add(prompt_stats)
-                contender.per_prompt.append(
-                    {
-                        "category": categories[index],
-                        "tokens": prompt_stats.new_tokens,
-                        "forwards": prompt_stats.forwards,
-                        "tau": prompt_stats.tau,
-                    }
-                )
-            tokens[method] += len(out)
-            outputs[method] = out
-        if sampling.greedy and "vanilla" in outputs:
-            ref = outputs["vanilla"]
+            history: list[dict] = []
+            seen[method] = []
+            for turn, text in enumerate(turns):
+                prompt = chat_prompt(tokenizer, text, history)
+                # turn 0 keeps the seed a first-turn eval has always used
+                seed = cfg.seed + index + turn * len(conversations)
+                t0 = time.perf_counter()
+                out, prompt_stats = decode(method, prompt, seed)
+                seconds[method] += time.perf_counter() - t0
+                if prompt_stats is not None:
+                    by_run[method].record(prompt_stats, categories[index], turn)
+                tokens[method] += len(out)
+                seen[method].append((prompt, out))
+                answer = tokenizer.decode(out, skip_special_tokens=True)
+                history += [
+                    {"role": "user", "content": text},
+                    {"role": "assistant", "content": answer},
+                ]
+        if sampling.greedy and "vanilla" in seen:
             for c in contenders:
-                if outputs[c.run] != ref:
-                    c.mismatches.append(
-                        _mismatch(target, prompts[index], outputs[c.run], ref, index)
-                    )
+                for turn, ((prompt, out), (ref_prompt, ref)) in enumerate(
+                    zip(seen[c.run], seen["vanilla"])
+                ):
+                    if prompt != ref_prompt:  # an earlier turn diverged: not like for like
+                        break
+                    c.compared += 1
+                    if out != ref:
+                        c.mismatches.append(_mismatch(target, prompt, out, ref, index, turn))
     rate = {m: tokens[m] / max(seconds[m], 1e-9) for m in methods}
     machine = {**machine_info(cfg), "packed_linears": packed}
     results = {}
@@ -248,7 +289,8 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             "eval": vars(e),
             # heads decoded in the same process, interleaved prompt by prompt (shared baselines)
             "decoded_with": [r for r in by_run if r != c.run],
-            "prompts": len(prompts),
+            "prompts": prompts,
+            "conversations": len(conversations),
             "tokens": {n: tokens[m] for n, m in names.items()},
             "seconds": {n: seconds[m] for n, m in names.items()},
             "tokens_per_second": {n: rate[m] for n, m in names.items()},
@@ -258,7 +300,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             # per benchmark category (MT-bench's eight), where the rows name one
             "by_category": {
                 name: {
-                    "prompts": categories.count(name),
+                    "prompts": sum(len(t) for t, k in zip(conversations, categories) if k == name),
                     "tau": part.tau,
                     "depth_acceptance": part.depth_acceptance(),
                 }
@@ -272,18 +314,21 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             "mismatch": {
                 "checked": sampling.greedy and "vanilla" in e.baselines,
                 "prompts": len(c.mismatches),
-                "rate": len(c.mismatches) / len(prompts),
+                "compared": c.compared,
+                "rate": len(c.mismatches) / max(c.compared, 1),
                 "details": c.mismatches,
             },
         }
     return results
 
 
-def _mismatch(target, prompt: list[int], spec: list[int], ref: list[int], index: int) -> dict:
+def _mismatch(
+    target, prompt: list[int], spec: list[int], ref: list[int], index: int, turn: int
+) -> dict:
     """Where a greedy speculative output first left vanilla, and the target's top-2 gap there."""
     first = first_divergence(spec, ref)
     gap = _top2_gap(target, prompt + ref, len(prompt) + first) if first < len(ref) else None
-    return {"prompt": index, "first_divergence": first, "top2_gap": gap}
+    return {"prompt": index, "turn": turn, "first_divergence": first, "top2_gap": gap}
 
 
 def first_divergence(tokens: list[int], reference: list[int]) -> int:
@@ -301,6 +346,8 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
     tag = cfg.eval.tag or f"{bench}-{t.kind}-d{t.depth}-k{t.top_k}-n{t.total_tokens}"
     if t.lookup and not cfg.eval.tag:
         tag += f"-lookup{t.lookup}"
+    if cfg.eval.turns == "all" and not cfg.eval.tag:
+        tag += "-allturns"
     vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
     tag = f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
     return tag + ("-compiled" if cfg.eval.compile else "")

@@ -15,6 +15,11 @@ from draftsmith.files import write_text_atomic  # noqa: E402
 from draftsmith.inference.decoder import STEP_PARTS  # noqa: E402
 
 
+def benchmark_label(e: dict) -> str:
+    """A results' `eval` settings -> the benchmark's name, marked where every turn was decoded."""
+    return e["benchmark"] + (" (all turns)" if e.get("turns") == "all" else "")
+
+
 def results_markdown(r: dict) -> str:
     rows = [
         "| method | tokens | seconds | tokens/s | speedup of speculative |",
@@ -29,7 +34,7 @@ def results_markdown(r: dict) -> str:
     depth = ", ".join(f"{a:.2f}" for a in r["depth_acceptance"])
     m = r["mismatch"]
     lines = [
-        f"**{r['head']['name']}** on {r['target']} — {r['eval']['benchmark']}, "
+        f"**{r['head']['name']}** on {r['target']} — {benchmark_label(r['eval'])}, "
         f"{r['prompts']} prompts, {r['eval']['max_new_tokens']} new tokens, "
         f"T={r['eval']['temperature']}, {r['machine']['dtype']}, tree {r['tree']['kind']} "
         f"(depth {r['tree']['depth']}, top-k {r['tree']['top_k']}, "
@@ -52,7 +57,8 @@ def results_markdown(r: dict) -> str:
         lines += [step, ""]
     if m["checked"]:
         lines.append(
-            f"Greedy mismatches against vanilla: {m['prompts']} of {r['prompts']} prompts."
+            f"Greedy mismatches against vanilla: {m['prompts']} of "
+            f"{m.get('compared', r['prompts'])} prompts decoded from the same context."
             + divergence_summary(m["details"])
         )
     return "\n".join(lines) + "\n"

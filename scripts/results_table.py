@@ -73,7 +73,8 @@ def run_rows(run: Path) -> Tables:
         # by its tag too, so it never reads as a second copy of the run's untagged row
         name = f"{run.name} ({e['tag']})" if e.get("tag") else run.name
         depth = " ".join(f"{a:.2f}" for a in r["depth_acceptance"][:6])
-        mism = f"{r['mismatch']['prompts']}/{r['prompts']}" if r["mismatch"]["checked"] else "-"
+        m = r["mismatch"]
+        mism = f"{m['prompts']}/{m.get('compared', r['prompts'])}" if m["checked"] else "-"
         tree = f"{t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']}"
         if t.get("lookup"):  # a prompt-lookup branch of that many tokens was grafted in
             tree += f" +lookup{t['lookup']}"
@@ -85,6 +86,8 @@ def run_rows(run: Path) -> Tables:
             tree += f" v{r['draft_vocab_size']}"
         if e.get("compile"):  # every method ran the torch.compile'd target
             tree += " compiled"
+        if e.get("turns") == "all":  # every user turn, not the first alone
+            tree += " all-turns"
         speed = {k: f"{s[k]:.2f}x" if k in s else "-" for k in ("vs_vanilla", "vs_lookup")}
         # tau-only evals (no baselines) may share the cores with other jobs: no speed reported
         tok_s = f"{r['tokens_per_second']['speculative']:.1f}" if s else "-"

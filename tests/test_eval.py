@@ -52,3 +52,55 @@ def test_tau_by_category(tmp_path: Path, head_dir: Path) -> None:
     out = report.parent
     assert "tau by category: math" in (out / "results.md").read_text()
     assert (out / "tau_by_category.png").stat().st_size > 5_000
+
+
+def test_all_turns_follow_each_methods_own_answers(
+    tmp_path: Path, head_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """eval.turns=all decodes the second turns after the first answers, losslessly (fp32)."""
+    bench = tmp_path / "question.jsonl"
+    bench.write_text(
+        "".join(
+            json.dumps({"question_id": i, "category": "c", "turns": [t, "And then?"]}) + "\n"
+            for i, t in enumerate(["Write a poem about rain.", "What is 12 times 7?"])
+        )
+    )
+    seen: list[tuple[list[int], list[int]]] = []  # (prompt, output) of each speculative decode
+    generate = evaluate.SpecDecoder.generate
+
+    def recording(self, prompt, *args, **kwargs):
+        out, stats = generate(self, prompt, *args, **kwargs)
+        seen.append((prompt, out))
+        return out, stats
+
+    monkeypatch.setattr(evaluate.SpecDecoder, "generate", recording)
+    overrides = [
+        f"runs_dir={tmp_path}/runs",
+        "target=tiny-random-llama",
+        "dtype=float32",
+        f"head_path={head_dir}",
+        "tree.depth=3",
+        "tree.lookup=3",
+        f"eval.benchmark={bench}",
+        "eval.max_new_tokens=16",
+        "eval.baselines=[vanilla]",
+        "eval.turns=all",
+        "tracking=none",
+    ]
+    r = evaluate.run(compose(overrides))
+    assert r["prompts"] == 4 and r["conversations"] == 2
+    assert [p["turn"] for p in r["per_prompt"]] == [0, 1, 0, 1]
+    assert r["mismatch"] == {
+        "checked": True,
+        "prompts": 0,
+        "compared": 4,
+        "rate": 0.0,
+        "details": [],
+    }
+    tokenizer = evaluate.load_tokenizer("tiny-random-llama")
+    for (first, answer), (second, _) in (seen[:2], seen[2:]):
+        text = tokenizer.decode(second)
+        assert tokenizer.decode(first) in text  # the first turn's prompt, as it was
+        assert tokenizer.decode(answer, skip_special_tokens=True) in text
+        assert text.count("And then?") == 1
+    assert list((tmp_path / "runs").glob("*/eval/*-allturns-*/results.md"))
