@@ -57,12 +57,6 @@ def benchmark_source(cfg: Config) -> str:
     return source
 
 
-def benchmark_prompts(cfg: Config, tokenizer) -> tuple[list[list[int]], list[str]]:
-    """First user turn of each benchmark row, rendered with the target's chat template, and each
-    row's category ("" where the benchmark has none)."""
-    return first_turns(benchmark_source(cfg), tokenizer, cfg.eval.limit)
-
-
 def user_turns(source: str, limit: int | None = None) -> tuple[list[list[str]], list[str]]:
     """User turns of the first `limit` conversations of `source` (file, folder, HF dataset or
     asset name) and each conversation's category ("" where the source names none)."""
