@@ -203,7 +203,7 @@ class ExportConfig:
 
 @dataclass
 class EvalConfig(SamplingKeys):
-    # prompts: mt-bench | humaneval | heldout (prepared data) | a JSON/JSONL file of prompts
+    # prompts: mt-bench | humaneval | heldout (prepared data) | a file or folder of conversations
     benchmark: str = "mt-bench"
     # first N conversations (null = all)
     limit: int | None = 80
