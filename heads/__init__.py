@@ -46,6 +46,11 @@ def load_head(folder: str | Path, target: TargetInfo | None = None) -> DraftHead
 
     from draftsmith.heads.formats import import_head
 
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(
+            f"{folder}: no such head folder (train one with `draftsmith train`, or pass "
+            "head_path=<folder>)"
+        )
     config_path = Path(folder) / "config.json"
     if config_path.exists() and "draftsmith_head" in json.loads(config_path.read_text()):
         data = read_head_config(folder)

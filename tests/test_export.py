@@ -266,3 +266,6 @@ def test_refusals(info, tiny_target, tmp_path: Path, make_tiny) -> None:
     out = export_head(trained_like("eagle3", info, tiny_target), "vllm", tmp_path / "v")
     with pytest.raises(FormatError, match="needs"):
         load_head(out, other)
+    # a head path that does not exist (no trained head yet) says how to get one
+    with pytest.raises(FileNotFoundError, match="no such head folder.*draftsmith train"):
+        load_head(tmp_path / "nowhere", info)

@@ -56,7 +56,10 @@ def answer_token_counts(prepared: str | Path, vocab_size: int) -> torch.Tensor:
 
     folder = Path(prepared) / "dataset"
     if not folder.exists():
-        raise FileNotFoundError(f"{folder}: the draft vocabulary is built from prepared data")
+        raise FileNotFoundError(
+            f"{folder}: the draft vocabulary is built from prepared data; run `draftsmith prepare` "
+            "first"
+        )
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for rows in datasets.load_from_disk(str(folder))["train"].iter(batch_size=1024):
         for ids, mask in zip(rows["input_ids"], rows["loss_mask"]):
