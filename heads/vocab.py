@@ -7,6 +7,8 @@ Draft ids are sorted by target id, which makes the offsets non-decreasing and no
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 
@@ -38,3 +40,21 @@ def build_vocab_mapping(
 def count_tokens(input_ids: torch.Tensor, loss_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Counts [V] of the tokens under the loss mask (the tokens a draft has to predict)."""
     return torch.bincount(input_ids[loss_mask.bool()].flatten(), minlength=vocab_size)
+
+
+def answer_token_counts(prepared: str | Path, vocab_size: int) -> torch.Tensor:
+    """Counts [V] of the answer tokens (under the loss mask) of a prepared `train` split: what a
+    reduced draft vocabulary is chosen from."""
+    import datasets
+
+    folder = Path(prepared) / "dataset"
+    if not folder.exists():
+        raise FileNotFoundError(
+            f"{folder}: the draft vocabulary is built from prepared data; run `draftsmith prepare` "
+            "first"
+        )
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for rows in datasets.load_from_disk(str(folder))["train"].iter(batch_size=1024):
+        for ids, mask in zip(rows["input_ids"], rows["loss_mask"]):
+            counts += count_tokens(torch.tensor(ids), torch.tensor(mask), vocab_size)
+    return counts

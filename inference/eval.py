@@ -26,7 +26,7 @@ from tqdm import tqdm
 from draftsmith.conf.schema import Config
 from draftsmith.conversations import read_conversations
 from draftsmith.heads import DraftHead, TargetInfo, TargetParts, load_head
-from draftsmith.heads.vocab import frequent_tokens
+from draftsmith.heads.vocab import answer_token_counts, frequent_tokens
 from draftsmith.inference.decoder import STEP_PARTS, DecodeStats, SpecDecoder
 from draftsmith.inference.report import write_report, write_sweep_summary
 from draftsmith.inference.tree import TreeSpec
@@ -41,7 +41,6 @@ from draftsmith.target import (
     torch_dtype,
 )
 from draftsmith.tracking import Tracker
-from draftsmith.train.prepare import answer_token_counts
 
 
 def benchmark_source(cfg: Config) -> str:

@@ -1,10 +1,12 @@
-"""The built wheel holds every module and every Hydra config of the source tree, warning-free.
+"""The built wheel holds every module and every Hydra config of the source tree, warning-free;
+the subpackages import one another only in the direction the README's Layout states.
 
 The tests run against the editable install, which reads the folders directly; a regular install
 (`pip install draftsmith`, a wheel) only has what pyproject.toml's package list and package data
 name, so a config group or module missing there would only fail on a user's machine.
 """
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -60,3 +62,24 @@ def test_wheel_holds_every_module_and_config(tmp_path: Path) -> None:
     }
     assert any(n.startswith("draftsmith/conf/experiment/") for n in expected)
     assert shipped == expected
+
+
+# train -> heads <- inference, all over the root package: inference never imports train
+FORBIDDEN_IMPORTS = {
+    "heads": ("draftsmith.train", "draftsmith.inference"),
+    "inference": ("draftsmith.train",),
+}
+
+
+def test_import_direction() -> None:
+    for folder, forbidden in FORBIDDEN_IMPORTS.items():
+        for path in sorted((ROOT / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""]
+                else:
+                    continue
+                for name in names:
+                    assert not name.startswith(forbidden), f"{folder}/{path.name} imports {name}"

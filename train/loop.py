@@ -33,12 +33,12 @@ from draftsmith.heads import (
     load_head,
 )
 from draftsmith.heads.base import simulated_tau
+from draftsmith.heads.vocab import answer_token_counts
 from draftsmith.target import load_target, target_name
 from draftsmith.tracking import Tracker
 from draftsmith.train import engine as ds
 from draftsmith.train.data import OnlineRows, ShardRows, batch_order, collate, online_batch
 from draftsmith.train.plots import plot_training
-from draftsmith.train.prepare import answer_token_counts
 
 
 class NonFiniteLoss(RuntimeError):

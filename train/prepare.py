@@ -15,13 +15,11 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from draftsmith.conf.schema import Config
 from draftsmith.conversations import Conversation, read_conversations
 from draftsmith.files import write_text_atomic
-from draftsmith.heads.vocab import count_tokens
 from draftsmith.packed import pack_linears
 from draftsmith.target import load_target, load_tokenizer
 from draftsmith.train.regenerate import regenerate
@@ -47,24 +45,6 @@ def tokenize_all(
             continue
         rows.append({"id": conv.id, "input_ids": t.input_ids, "loss_mask": t.loss_mask})
     return rows
-
-
-def answer_token_counts(prepared: str | Path, vocab_size: int) -> torch.Tensor:
-    """Counts [V] of the answer tokens (under the loss mask) of a prepared `train` split: what a
-    reduced draft vocabulary is chosen from."""
-    import datasets
-
-    folder = Path(prepared) / "dataset"
-    if not folder.exists():
-        raise FileNotFoundError(
-            f"{folder}: the draft vocabulary is built from prepared data; run `draftsmith prepare` "
-            "first"
-        )
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for rows in datasets.load_from_disk(str(folder))["train"].iter(batch_size=1024):
-        for ids, mask in zip(rows["input_ids"], rows["loss_mask"]):
-            counts += count_tokens(torch.tensor(ids), torch.tensor(mask), vocab_size)
-    return counts
 
 
 def run(cfg: Config) -> dict:
