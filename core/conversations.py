@@ -1,14 +1,14 @@
 """Read conversations from any supported source into one `Conversation` type.
 
 Sources: ShareGPT JSON/JSONL (`conversations: [{from, value}]`), OpenAI messages JSONL
-(`messages: [{role, content}]`), prompt/completion (or response) pairs, Alpaca rows
-(`instruction`, `input`, `output`), plain text rows (`text`), MT-bench (`turns`), HumanEval
-(`prompt`); as JSON, JSONL (optionally .gz), Parquet, Arrow or CSV files, folders of them, HF
-datasets saved on disk or on the hub, and the embedded data assets by name. Malformed rows are
-skipped with their index and reason counted in a `ReadReport`, never silently; a file that cannot
-be read at all is an error naming it. A JSON array cut off mid-record (the embedded ShareGPT file
-is) keeps every complete record; a complete array with a malformed record is an error, as
-reading on past it cannot be done reliably.
+(`messages: [{role, content}]`, content a string or text parts), prompt/completion (or response)
+pairs, Alpaca rows (`instruction`, `input`, `output`), plain text rows (`text`), MT-bench
+(`turns`), HumanEval (`prompt`); as JSON, JSONL (optionally .gz), Parquet, Arrow or CSV files,
+folders of them, HF datasets saved on disk or on the hub, and the embedded data assets by name.
+Malformed rows are skipped with their index and reason counted in a `ReadReport`, never
+silently; a file that cannot be read at all is an error naming it. A JSON array cut off
+mid-record (the embedded ShareGPT file is) keeps every complete record; a complete array with a
+malformed record is an error, as reading on past it cannot be done reliably.
 """
 
 from __future__ import annotations
@@ -107,12 +107,28 @@ def _turns_from(items: Any, role_key: str, content_key: str) -> list[Turn]:
         if role is None:
             raise RowError(f"unknown role: turn {i} has {role_key}={item.get(role_key)!r}")
         content = item.get(content_key)
+        if isinstance(content, list):  # OpenAI content parts: [{"type": "text", "text": ...}]
+            content = _text_parts(content, i)
         if not isinstance(content, str):
             raise RowError(
                 f"non-string content: turn {i} {content_key} is {type(content).__name__}"
             )
         turns.append(Turn(role, content))
     return turns
+
+
+def _text_parts(parts: list, turn: int) -> str:
+    """The text of OpenAI-style content parts, joined; a part that is not text (an image, an
+    audio clip) is a RowError: a text target cannot read it."""
+    texts = []
+    for part in parts:
+        if not (isinstance(part, dict) and part.get("type") == "text"):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise RowError(f"non-text content part: turn {turn} has a {kind!r} part")
+        if not isinstance(part.get("text"), str):
+            raise RowError(f"non-string content: turn {turn} text part")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def _text(row: dict, key: str) -> str:

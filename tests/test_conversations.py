@@ -163,3 +163,24 @@ def test_unreadable_files_are_errors_naming_them(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=message) as err:
             read_conversations(str(tmp_path / name))
         assert name in str(err.value)
+
+
+def test_openai_content_parts(tmp_path: Path) -> None:
+    def row(*parts: object) -> str:
+        user = {"role": "user", "content": list(parts)}
+        return json.dumps({"messages": [user, {"role": "assistant", "content": "ok"}]})
+
+    text = {"type": "text", "text": "Describe "}
+    path = tmp_path / "parts.jsonl"
+    path.write_text(
+        "\n".join(
+            [
+                row(text, {"type": "text", "text": "the sky."}),
+                row(text, {"type": "image_url", "image_url": {"url": "x.png"}}),
+                row({"type": "text", "text": 5}),
+            ]
+        )
+    )
+    convs, report = read_conversations(str(path))
+    assert [t.content for t in convs[0].turns] == ["Describe the sky.", "ok"]
+    assert report.skipped == {"non-text content part": 1, "non-string content": 1}
