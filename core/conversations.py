@@ -97,6 +97,12 @@ class RowError(ValueError):
 
 
 def _turns_from(items: Any, role_key: str, content_key: str) -> list[Turn]:
+    if isinstance(items, str) and items.lstrip().startswith("["):
+        # a list stored as JSON text: CSV files hold `messages` columns this way
+        try:
+            items = json.loads(items)
+        except json.JSONDecodeError as err:
+            raise RowError(f"invalid JSON list: {err.msg} at column {err.colno}") from None
     if not isinstance(items, list):
         raise RowError(f"not a list: {type(items).__name__}")
     turns = []

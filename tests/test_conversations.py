@@ -130,6 +130,20 @@ def test_parquet_csv_files_and_a_folder_of_them(tmp_path: Path) -> None:
         ]
 
 
+def test_csv_messages_column_holds_json_lists(tmp_path: Path) -> None:
+    import datasets
+
+    chat = [{"role": "user", "content": "Hi, 1"}, {"role": "assistant", "content": "Hello"}]
+    rows = [{"messages": json.dumps(chat)}, {"messages": '[{"role": "user", "content": '}]
+    datasets.Dataset.from_list(rows).to_csv(str(tmp_path / "chat.csv"), index=False)
+    convs, report = read_conversations(str(tmp_path / "chat.csv"))
+    assert [(t.role, t.content) for t in convs[0].turns] == [
+        ("user", "Hi, 1"),
+        ("assistant", "Hello"),
+    ]
+    assert report.rows_kept == 1 and "invalid JSON list" in report.summary()
+
+
 def test_pair_rows_in_json_lines_under_a_json_name(tmp_path: Path) -> None:
     rows = [
         {"instruction": "Add", "input": "2 and 2", "output": "4"},
