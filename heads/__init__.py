@@ -38,19 +38,42 @@ def build_head(config: HeadConfig | dict, target: TargetInfo) -> DraftHead:
     return head_class(config, target)
 
 
+def head_folder(name_or_path: str | Path) -> Path:
+    """A local head folder, or a hub repo id ("owner/name", as heads are published) fetched into
+    the hub cache: its config and weight files only."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    how = "train one with `draftsmith train`, or pass head_path=<folder or hub id>"
+    text = str(name_or_path)
+    if text.startswith(("/", ".", "~")) or text.count("/") != 1:
+        raise FileNotFoundError(f"{name_or_path}: no such head folder ({how})")
+    from huggingface_hub import snapshot_download
+
+    from draftsmith.heads.formats import PICKLE_FILES, SAFETENSORS_FILES
+
+    try:
+        # offline, the cached snapshot of the repo's main branch is used
+        fetched = snapshot_download(
+            text, allow_patterns=["config.json", *SAFETENSORS_FILES, *PICKLE_FILES]
+        )
+    except Exception as err:  # no such repo, no network and no cached copy, a malformed id
+        raise FileNotFoundError(
+            f"{name_or_path}: no such head folder, and no hub head of that id could be fetched "
+            f"({how}; {type(err).__name__}: {err})"
+        ) from None
+    return Path(fetched)
+
+
 def load_head(folder: str | Path, target: TargetInfo | None = None) -> DraftHead:
-    """Load a head folder: ours (config.json + model.safetensors, refused if built for another
-    target) or a foreign one (official EAGLE/EAGLE-3, speculators, Medusa), imported for
-    `target`."""
+    """Load a head folder or hub id (`head_folder`): ours (config.json + model.safetensors,
+    refused if built for another target) or a foreign one (official EAGLE/EAGLE-3, speculators,
+    Medusa), imported for `target`."""
     import json
 
     from draftsmith.heads.formats import import_head
 
-    if not Path(folder).is_dir():
-        raise FileNotFoundError(
-            f"{folder}: no such head folder (train one with `draftsmith train`, or pass "
-            "head_path=<folder>)"
-        )
+    folder = head_folder(folder)
     config_path = Path(folder) / "config.json"
     if config_path.exists() and "draftsmith_head" in json.loads(config_path.read_text()):
         data = read_head_config(folder)
@@ -72,5 +95,6 @@ __all__ = [
     "TargetInfo",
     "TargetParts",
     "build_head",
+    "head_folder",
     "load_head",
 ]

@@ -250,12 +250,17 @@ def export_head(
 
 
 # ---- import --------------------------------------------------------------------------------
+# the weight files a head folder may hold, in the order they are looked for: safetensors first
+SAFETENSORS_FILES = ("model.safetensors", "medusa_lm_head.safetensors")
+PICKLE_FILES = ("pytorch_model.bin", "medusa_lm_head.pt", "medusa_lm_head.bin")
+
+
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """safetensors, or a .bin/.pt read with weights_only=True (never arbitrary pickles)."""
-    for name in ("model.safetensors", "medusa_lm_head.safetensors"):
+    for name in SAFETENSORS_FILES:
         if (folder / name).exists():
             return load_file(str(folder / name))
-    for name in ("pytorch_model.bin", "medusa_lm_head.pt", "medusa_lm_head.bin"):
+    for name in PICKLE_FILES:
         if (folder / name).exists():
             try:
                 state = torch.load(folder / name, map_location="cpu", weights_only=True)

@@ -4,6 +4,7 @@ translation, d2t semantics, official-layout fixtures, and the refusals."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,26 @@ def test_export_import_round_trip(name, fmt, info, tiny_target, tmp_path: Path) 
     weights = next(out.glob("*.safetensors"))
     keys = set(load_file(str(weights)))
     assert not any(k.startswith("embed") for k in keys)  # target embedding never exported
+
+
+def test_head_by_hub_id_from_the_hub_cache(info, tiny_target, tmp_path: Path, monkeypatch) -> None:
+    """A published head is named by its hub id; offline, its cached snapshot loads."""
+    from huggingface_hub import constants
+
+    head = trained_like("eagle3", info, tiny_target)
+    out = export_head(head, "sglang", tmp_path / "export")
+    repo = tmp_path / "hub" / "models--acme--eagle3-tiny"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(out, repo / "snapshots" / commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    again = load_head("acme/eagle3-tiny", info).bind(TargetParts.from_model(tiny_target)).eval()
+    expected = draft_outputs(bf16_rounded(head), tiny_target)
+    torch.testing.assert_close(draft_outputs(again, tiny_target), expected, rtol=0, atol=0)
+    with pytest.raises(FileNotFoundError, match="acme/other: no such head folder.*hub"):
+        load_head("acme/other", info)
 
 
 SNAPSHOTS = {
