@@ -286,13 +286,17 @@ def read_conversations(
     path = asset_path(source) if source in ASSETS else Path(source)
     report = ReadReport(source=str(source))
     files = (
-        sorted(p for p in path.iterdir() if p.name.endswith(_JSON_SUFFIXES))
+        sorted(
+            p for p in path.iterdir() if p.name.endswith(_JSON_SUFFIXES) or p.suffix in _BUILDERS
+        )
         if path.is_dir()
         else []
     )
+    has_json = any(p.name.endswith(_JSON_SUFFIXES) for p in files)
     if path.is_file():
         records = _iter_records(path, report)
-    elif files and not any((path / f).exists() for f in _DATASET_MARKERS):
+    elif has_json and not any((path / f).exists() for f in _DATASET_MARKERS):
+        # loose files, JSON among them: each file read in name order, Parquet/Arrow/CSV too
         records = (r for p in files for r in _iter_records(p, report))
     else:  # a saved dataset, a folder of Parquet/Arrow/CSV files (datasets finds them), a hub id
         records = _iter_dataset(str(path) if path.is_dir() else str(source))

@@ -130,6 +130,16 @@ def test_parquet_csv_files_and_a_folder_of_them(tmp_path: Path) -> None:
         ]
 
 
+def test_folder_of_json_and_parquet_files_reads_both(tmp_path: Path) -> None:
+    import datasets
+
+    (tmp_path / "a.jsonl").write_text(json.dumps({"prompt": "q0", "response": "a0"}) + "\n")
+    rows = [{"prompt": f"q{i}", "response": f"a{i}"} for i in (1, 2)]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "b.parquet"))
+    convs, report = read_conversations(str(tmp_path))
+    assert [c.turns[0].content for c in convs] == ["q0", "q1", "q2"] and report.rows_kept == 3
+
+
 def test_csv_messages_column_holds_json_lists(tmp_path: Path) -> None:
     import datasets
 
