@@ -31,6 +31,7 @@ from draftsmith.inference.cache import keep_accepted
 from draftsmith.inference.drafter import make_drafter
 from draftsmith.inference.lookup import prompt_lookup
 from draftsmith.inference.tree import (
+    Draws,
     StaticTree,
     Tree,
     TreeSpec,
@@ -118,15 +119,26 @@ class SpecDecoder:
         if limit is not None and depth is not None and depth > limit:
             raise ValueError(f"tree depth {depth} exceeds the {head.name} head's {limit} heads")
 
-    def build_tree(self, root: int, context: list[int] | None = None) -> Tree:
+    def build_tree(
+        self, root: int, context: list[int] | None = None, draws: Draws | None = None
+    ) -> Tree:
         """The head's tree below `root`; with `spec.lookup`, plus the prompt-lookup continuation
-        of `context` (prompt + output so far, `root` last)."""
+        of `context` (prompt + output so far, `root` last). `draws`: top-k or sampled children."""
         s = self.spec
         chain = prompt_lookup(torch.tensor(context), s.lookup) if s.lookup and context else None
         if self.static is None:
-            return build_dynamic_tree(self.drafter, root, s.depth, s.top_k, s.total_tokens, chain)
-        tree = self.static.build(self.drafter, root)
+            return build_dynamic_tree(
+                self.drafter, root, s.depth, s.top_k, s.total_tokens, chain, draws
+            )
+        tree = self.static.build(self.drafter, root, draws)
         return tree if chain is None else graft_chain(tree, chain)[0]
+
+    def draws(self, sampling: Sampling, generator: torch.Generator | None) -> Draws:
+        """How trees pick children for `sampling`: drawn at its temperature (`sample_drafts`
+        and temperature > 0), else the head's top k."""
+        if sampling.greedy or not self.spec.sample_drafts:
+            return Draws()
+        return Draws(sampling.temperature, generator)
 
     @torch.no_grad()
     def generate(
@@ -162,13 +174,15 @@ class SpecDecoder:
                 capture.hidden, capture.aux, torch.tensor([[*prompt[1:], root]], device=device)
             )
             generated = [root]
+            draws = self.draws(sampling, generator)
             if on_tokens:
                 on_tokens([root])
             n = len(prompt)
             while len(generated) < max_new_tokens and root not in eos:
                 t0 = clock()
                 # the context is copied for the lookup branch only: no per-step work without it
-                tree = self.build_tree(root, [*prompt, *generated] if self.spec.lookup else None)
+                context = [*prompt, *generated] if self.spec.lookup else None
+                tree = self.build_tree(root, context, draws)
                 t1 = clock()
                 mask = tree_masks(
                     self.windows,

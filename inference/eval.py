@@ -341,6 +341,8 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
         tag += f"-lookup{t.lookup}"
     if cfg.eval.turns == "all" and not cfg.eval.tag:
         tag += "-allturns"
+    if cfg.eval.temperature > 0 and t.sample_drafts and not cfg.eval.tag:
+        tag += "-drawn"  # children drawn from the head (earlier T > 0 evals took its top k)
     vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
     tag = f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
     return tag + ("-compiled" if cfg.eval.compile else "")

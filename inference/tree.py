@@ -5,6 +5,14 @@ keep the best `total_tokens`).
 A tree always has the root at index 0: the newest committed token, which the target has not yet
 read. Nodes are stored parents-first. Building is per depth, with tensor ops over all nodes of a
 depth; the `Expander` (inference/drafter.py) turns frontier nodes into child log-probs.
+
+When sampling (temperature > 0) the children can be drawn from the head's distribution instead
+of taken as its top k (`Draws`): the k children of a node are k draws without replacement
+(Gumbel top-k), recorded with the distribution they came from (`Proposals`) for recursive
+rejection sampling (inference/verify.py). Every node still scores its parent's score plus the
+log-prob of its *rank* (the k-th best), never of the token drawn, so which draws a tree keeps
+does not depend on what they are, and a node's kept children are always its first draws (nor
+does a lookup chain follow a drawn node). That is what keeps sampled verification exact.
 """
 
 from __future__ import annotations
@@ -16,11 +24,34 @@ import torch
 
 
 @dataclass
+class Proposals:
+    """What a sampled tree's children were drawn from."""
+
+    probs: torch.Tensor  # [M, Vd] the draft distribution of each expanded node
+    row: torch.Tensor  # [N] each node's row in `probs` (its children's distribution), -1: none
+    drawn: torch.Tensor  # [N] bool: drawn from the parent's row (else deterministic: lookup)
+    ids: torch.Tensor  # [Vd] target ids of the draft vocabulary
+
+    def select(self, keep: torch.Tensor) -> Proposals:
+        return Proposals(self.probs, self.row[keep], self.drawn[keep], self.ids)
+
+    def extended(self, r: int) -> Proposals:
+        """With `r` deterministic (not drawn, not expanded) nodes appended."""
+        return Proposals(
+            self.probs,
+            torch.cat([self.row, self.row.new_full((r,), -1)]),
+            torch.cat([self.drawn, self.drawn.new_zeros(r)]),
+            self.ids,
+        )
+
+
+@dataclass
 class Tree:
     tokens: torch.Tensor  # [N] target token ids; tokens[0] = root
     parents: torch.Tensor  # [N] parent index, -1 for the root
     depths: torch.Tensor  # [N] root = 0
     ancestors: torch.Tensor  # [N, N] bool, ancestors[i, j] = j is i or an ancestor of i
+    proposals: Proposals | None = None  # sampled trees only
 
     @property
     def size(self) -> int:
@@ -44,7 +75,10 @@ class Tree:
         remap[keep] = torch.arange(keep.numel())
         parents = self.parents[keep]
         parents = torch.where(parents >= 0, remap[parents.clamp_min(0)], parents)
-        return Tree(self.tokens[keep], parents, self.depths[keep], self.ancestors[keep][:, keep])
+        proposals = None if self.proposals is None else self.proposals.select(keep)
+        return Tree(
+            self.tokens[keep], parents, self.depths[keep], self.ancestors[keep][:, keep], proposals
+        )
 
 
 class Expander(Protocol):
@@ -58,6 +92,33 @@ class Expander(Protocol):
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocab ids -> target ids."""
+
+
+@dataclass
+class Draws:
+    """How a node's k children come from its draft log-probs [F, Vd]: the top k (EAGLE-2), or,
+    with a temperature, k draws without replacement from softmax(log-probs / temperature)."""
+
+    temperature: float = 0.0  # 0: the top k
+    generator: torch.Generator | None = None
+
+    @property
+    def sampled(self) -> bool:
+        return self.temperature > 0
+
+    def sample(self, logprobs: torch.Tensor, k: int) -> torch.Tensor:
+        """[F, k] draft ids drawn without replacement, in draw order: the order of logits +
+        Gumbel noise is a sequence of draws without replacement from softmax(logits)."""
+        uniform = torch.rand(logprobs.shape, generator=self.generator)
+        gumbel = -torch.log(-torch.log(uniform))
+        return (self.logits(logprobs) + gumbel).topk(k, dim=-1).indices
+
+    def logits(self, logprobs: torch.Tensor) -> torch.Tensor:
+        return logprobs.float() / self.temperature
+
+    def probs(self, logprobs: torch.Tensor) -> torch.Tensor:
+        """[F, Vd] the distribution `pick` draws from."""
+        return torch.softmax(self.logits(logprobs), dim=-1)
 
 
 @dataclass
@@ -79,6 +140,9 @@ class TreeSpec:
     # 0 = off; a dynamic tree gives up a head node per chain token the head did not draft
     # itself, so total_tokens still bounds it (a static or chain tree grows by up to `lookup`)
     lookup: int = 0
+    # at temperature > 0: draw each node's children from the head's distribution (without
+    # replacement; verified by recursive rejection sampling) instead of taking its top k
+    sample_drafts: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in ("dynamic", "static", "chain"):
@@ -96,9 +160,10 @@ class TreeSpec:
 
 
 class _Builder:
-    """Growable node arrays with ancestor masks, filled one depth at a time."""
+    """Growable node arrays with ancestor masks, filled one depth at a time; with sampled
+    `draws`, also the distribution each expanded node's children were drawn from."""
 
-    def __init__(self, root_token: int, capacity: int) -> None:
+    def __init__(self, root_token: int, capacity: int, draws: Draws, expander: Expander) -> None:
         self.tokens = torch.zeros(capacity, dtype=torch.long)
         self.parents = torch.full((capacity,), -1, dtype=torch.long)
         self.depths = torch.zeros(capacity, dtype=torch.long)
@@ -107,6 +172,22 @@ class _Builder:
         self.tokens[0] = root_token
         self.ancestors[0, 0] = True
         self.size = 1
+        self.draws, self.expander = draws, expander
+        self.rows = torch.full((capacity,), -1, dtype=torch.long)
+        self.probs: list[torch.Tensor] = []
+
+    def children(
+        self, nodes: torch.Tensor, logprobs: torch.Tensor, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k children (target ids [.., k]) of `nodes` [F] given their log-probs [.., Vd],
+        and their rank scores [.., k]: the k best log-probs. Records what draws came from."""
+        top = logprobs.topk(k, dim=-1)
+        ids = top.indices
+        if self.draws.sampled:
+            ids = self.draws.sample(logprobs, k)
+            self.rows[nodes] = torch.arange(nodes.numel()) + sum(p.shape[0] for p in self.probs)
+            self.probs.append(self.draws.probs(logprobs).reshape(nodes.numel(), -1))
+        return self.expander.to_target(ids), top.values.float()
 
     def add(
         self, parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor
@@ -122,7 +203,16 @@ class _Builder:
 
     def view(self) -> Tree:
         n = self.size
-        return Tree(self.tokens[:n], self.parents[:n], self.depths[:n], self.ancestors[:n, :n])
+        proposals = None
+        if self.draws.sampled:
+            proposals = Proposals(
+                torch.cat(self.probs),
+                self.rows[:n],
+                torch.arange(n) > 0,  # every node but the root was drawn
+                self.expander.to_target(torch.arange(self.probs[0].shape[-1])),
+            )
+        tokens, parents, depths = self.tokens[:n], self.parents[:n], self.depths[:n]
+        return Tree(tokens, parents, depths, self.ancestors[:n, :n], proposals)
 
 
 def build_dynamic_tree(
@@ -132,6 +222,7 @@ def build_dynamic_tree(
     top_k: int,
     total_tokens: int,
     chain: torch.Tensor | None = None,
+    draws: Draws | None = None,
 ) -> Tree:
     """EAGLE-2: grow `depth` levels, expanding the top_k frontier nodes by cumulative log-prob,
     then keep the `total_tokens` best nodes (root included). A child never outscores its parent
@@ -142,28 +233,29 @@ def build_dynamic_tree(
     `total_tokens - 1 - (C - shared)` of its best nodes rather than `total_tokens - 1 - C`.
 
     A level is not drafted when none of its nodes could be kept (`_never_kept`): the same tree,
-    one head step sooner (the last of three expansions in 26% of the recipe's MT-bench steps)."""
+    one head step sooner (the last of three expansions in 26% of the recipe's MT-bench steps).
+
+    With sampled `draws` the chain never follows drawn nodes (whether a draw is kept must not
+    depend on which token it drew): its nodes are all extra, deterministic candidates."""
+    draws = draws or Draws()
     capacity = 1 + top_k + (depth - 1) * top_k * top_k
-    tree = _Builder(root_token, capacity)
-    top = expander.root_logprobs().topk(top_k)
-    frontier = tree.add(
-        torch.zeros(top_k, dtype=torch.long), expander.to_target(top.indices), top.values.float()
+    tree = _Builder(root_token, capacity, draws, expander)
+    tokens, scores = tree.children(
+        torch.zeros(1, dtype=torch.long), expander.root_logprobs(), top_k
     )
+    frontier = tree.add(torch.zeros(top_k, dtype=torch.long), tokens, scores)
     # the head's nodes that can be kept besides the chain's C (which are kept whatever they score)
     slots = total_tokens - 1 - (0 if chain is None else chain.numel())
     on_chain = 0  # the deepest node so far whose path from the root is a prefix of the chain
+    follow = None if draws.sampled else chain
     for level in range(1, depth):
-        on_chain = _follow_chain(tree, on_chain, chain, level)
+        on_chain = _follow_chain(tree, on_chain, follow, level)
         if _never_kept(tree, frontier, on_chain, slots):
             break  # nothing below this frontier can make the tree: the same tree, drafted sooner
         logprobs = expander.expand(frontier, tree.view())  # [F, Vd]
-        top = logprobs.topk(top_k, dim=-1)
-        scores = tree.scores[frontier][:, None] + top.values.float()  # [F, k]
-        added = tree.add(
-            frontier.repeat_interleave(top_k),
-            expander.to_target(top.indices).flatten(),
-            scores.flatten(),
-        )
+        tokens, ranks = tree.children(frontier, logprobs, top_k)  # [F, k] each
+        scores = tree.scores[frontier][:, None] + ranks  # [F, k]
+        added = tree.add(frontier.repeat_interleave(top_k), tokens.flatten(), scores.flatten())
         frontier = added[scores.flatten().topk(top_k).indices.sort().values]
     full, scores = tree.view(), tree.scores[: tree.size]
     if chain is not None:
@@ -218,6 +310,8 @@ class StaticTree:
                 f"missing parents for {missing}"
             )
         self.paths = paths
+        # every node's children are ranks 0..m-1 (generated trees are; hand-written ones may not be)
+        self.rank_prefixes = all(p[-1] == 0 or (*p[:-1], p[-1] - 1) in set(paths) for p in paths)
         index = {(): 0, **{p: i + 1 for i, p in enumerate(paths)}}
         self.max_depth = max(len(p) for p in paths)
         # per depth: which nodes get expanded, and for each new node (its row there, its rank)
@@ -235,26 +329,33 @@ class StaticTree:
                 )
             )
 
-    def build(self, expander: Expander, root_token: int) -> Tree:
-        tree = _Builder(root_token, 1 + len(self.paths))
+    def build(self, expander: Expander, root_token: int, draws: Draws | None = None) -> Tree:
+        draws = draws or Draws()
+        if draws.sampled and not self.rank_prefixes:
+            raise ValueError(
+                "sampled drafts need every node's children to be its first ranks (0, 1, ...), "
+                "as a draw left out would change the law of the draws after it; fix "
+                "tree.choices or set tree.sample_drafts=false"
+            )
+        tree = _Builder(root_token, 1 + len(self.paths), draws, expander)
         for d, (expanded, rows, ranks, parents) in enumerate(self.levels):
             if d == 0:
                 logprobs = expander.root_logprobs()[None]
             else:
                 logprobs = expander.expand(expanded, tree.view())
-            top = logprobs.topk(int(ranks.max()) + 1, dim=-1)
-            tokens = expander.to_target(top.indices[rows, ranks])
-            scores = tree.scores[parents] + top.values[rows, ranks].float()
-            tree.add(parents, tokens, scores)
+            tokens, scores = tree.children(expanded, logprobs, int(ranks.max()) + 1)
+            tree.add(parents, tokens[rows, ranks], tree.scores[parents] + scores[rows, ranks])
         return tree.view()
 
 
 def graft_chain(tree: Tree, chain: torch.Tensor) -> tuple[Tree, int]:
     """`tree` with the path `chain` [C] (target ids) below its root, and the chain's last node.
     The chain follows existing nodes while their tokens match (siblings stay distinct) and the
-    rest is appended as new nodes, after all others, so the tree stays parents-first."""
+    rest is appended as new nodes, after all others, so the tree stays parents-first. In a
+    sampled tree it follows none (a drawn node must not be kept for what it drew)."""
     node, shared = 0, 0
-    for token in chain.tolist():  # C is a few tokens; each step one [N] comparison
+    follow = chain.tolist() if tree.proposals is None else []
+    for token in follow:  # C is a few tokens; each step one [N] comparison
         child = ((tree.parents == node) & (tree.tokens == token)).nonzero().flatten()
         if child.numel() == 0:
             break
@@ -272,6 +373,7 @@ def graft_chain(tree: Tree, chain: torch.Tensor) -> tuple[Tree, int]:
         torch.cat([tree.parents, torch.tensor([node]), torch.arange(n, n + r - 1)]),
         torch.cat([tree.depths, tree.depths[node] + torch.arange(1, r + 1)]),
         ancestors,
+        None if tree.proposals is None else tree.proposals.extended(r),
     )
     return grafted, n + r - 1
 

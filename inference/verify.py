@@ -4,8 +4,12 @@ Greedy: follow the children whose token equals the target's argmax; the argmax a
 accepted node is the bonus token. Stochastic (temperature > 0): multi-round speculative sampling
 over siblings as in EAGLE's `evaluate_posterior`: a deterministic candidate x is accepted with
 probability p(x); on rejection p(x) is zeroed and p renormalised before the next sibling; if all
-are rejected the bonus is drawn from what is left. That is exactly a draw from p, so the output
-distribution is the target's whatever the draft proposes.
+are rejected the bonus is drawn from what is left. A candidate drawn from the head's
+distribution q (sampled trees, inference/tree.py `Draws`) is accepted with probability
+min(1, p(x) / q(x)); on rejection p becomes the residual norm(max(0, p - q)) and x leaves q, as
+the next sibling was drawn without it (recursive rejection sampling without replacement, RSD).
+Either way each round hands on exactly a draw from p, so the output distribution is the
+target's whatever the draft proposes.
 """
 
 from __future__ import annotations
@@ -92,17 +96,49 @@ def accept_greedy(tree: Tree, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
     return _path_to(tree, leaf), int(predicted[leaf])
 
 
+def _proposal(tree: Tree, node: int, vocab: int) -> torch.Tensor | None:
+    """[V] the distribution `node`'s drawn children came from, over target ids; None if none."""
+    props = tree.proposals
+    if props is None or int(props.row[node]) < 0:
+        return None
+    q = torch.zeros(vocab)
+    q[props.ids] = props.probs[props.row[node]]
+    return q
+
+
+def _children(tree: Tree, node: int) -> list[int]:
+    """`node`'s children in the order they are tried: a deterministic child (a lookup chain's)
+    before drawn ones, so that when a draw and the chain hold the same token the chain's deeper
+    branch is the one taken; drawn children in the order they were drawn."""
+    children = (tree.parents == node).nonzero().flatten()
+    if tree.proposals is not None:
+        children = children[torch.sort(tree.proposals.drawn[children].int(), stable=True).indices]
+    return children.tolist()
+
+
 def accept_sampled(
     tree: Tree, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, int]:
-    probs = sampling.probs(logits)  # [N, V]
     node = 0
     while True:
-        p = probs[node].clone()
+        # only the nodes on the accepted path: a few of the tree's rows
+        p = sampling.probs(logits[node][None])[0]  # [V]
+        q = _proposal(tree, node, p.numel())  # [V] or None
         accepted = None
-        for child in (tree.parents == node).nonzero().flatten().tolist():
+        for child in _children(tree, node):
             token = int(tree.tokens[child])
-            if torch.rand((), generator=generator) < p[token]:
+            u = torch.rand((), generator=generator)
+            if q is not None and bool(tree.proposals.drawn[child]):
+                if u * q[token] < p[token]:  # u < p / q: accepted with probability min(1, p/q)
+                    accepted = child
+                    break
+                residual = (p - q).clamp_min(0.0)
+                # zero only by rounding (a rejection has probability 1 - sum(min(p, q)) > 0)
+                p = residual / residual.sum() if residual.sum() > 0 else p
+                q[token] = 0.0
+                q = q / q.sum()
+                continue
+            if u < p[token]:
                 accepted = child
                 break
             p[token] = 0.0

@@ -1,13 +1,16 @@
-"""The tau ceiling of a tree budget when sampling: the target drafts for itself (an oracle head).
+"""The tau ceiling of a tree budget when sampling top-k trees: the target drafts for itself.
 
 At temperature T > 0 verification accepts a drafted child x of an accepted node with probability
-p(x | path) (inference/verify.py: deterministic drafts, multi-round over siblings), so a tree's
-expected accepted length is the sum over its nodes of the product of p along the path to each.
+p(x | path) when the children are the head's top k (`tree.sample_drafts=false`: deterministic
+drafts, multi-round over siblings, inference/verify.py), so such a tree's expected accepted
+length is the sum over its nodes of the product of p along the path to each.
 Here the EAGLE-2 dynamic tree (inference/tree.py) grows from the target's own log-probabilities,
 the best proposals any draft head could make under the same depth / top-k / node budget, and the
 sum is read off the target's probabilities at the kept nodes: oracle tau = 1 + that sum,
 averaged over steps. The steps are every `--every`-th position of the target's own sampled
-answers to MT-bench prompts. (At T=0 an oracle is always right: tau = depth + 1.)
+answers to MT-bench prompts. (At T=0 an oracle is always right: tau = depth + 1. So is it with
+drawn children, the default: a child drawn from q = p is accepted with probability
+min(1, p / q) = 1, so this ceiling does not bound those trees.)
 Writes JSON + a markdown table. Usage:
   python scripts/bench_oracle.py [--temperature 1.0] [--prompts 20] [--every 8] [--depth 4]
                                  [--top-k 8] [--total-tokens 8 12 16]

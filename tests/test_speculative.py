@@ -267,7 +267,7 @@ def test_stops_at_an_eos_accepted_inside_a_draft(tiny_target, references) -> Non
     decoder = SpecDecoder(tiny_target, untrained("eagle1", tiny_target), TREES["chain"])
     committed: list[int] = []
 
-    def oracle(root: int, context: list[int]) -> Tree:
+    def oracle(root: int, context: list[int], draws=None) -> Tree:
         done = len(committed)
         tokens = torch.tensor([root, *expected[done : done + depth]])  # [N]
         n = tokens.numel()
@@ -284,11 +284,21 @@ def test_stops_at_an_eos_accepted_inside_a_draft(tiny_target, references) -> Non
     assert stats.tau > 1.0  # the drafts really were accepted
 
 
-def test_sampling_keeps_the_target_distribution() -> None:
-    """Joint law of the first two generated tokens (prefill sample, then the first verified
-    token) on an 8-token vocabulary, against the exact target probabilities. A prompt-lookup
-    branch joins the tree when the first token repeats a prompt token (3 of 8), so draws with
-    and without it are both in the sample."""
+SAMPLING_TREES = {
+    "dynamic, drawn": TreeSpec(kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2),
+    "static, drawn": TreeSpec(kind="static", depth=2, top_k=2, total_tokens=6, lookup=2),
+    "dynamic, top-k": TreeSpec(
+        kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2, sample_drafts=False
+    ),
+}
+
+
+@pytest.mark.parametrize("tree", list(SAMPLING_TREES))
+def test_sampling_keeps_the_target_distribution(tree: str) -> None:
+    """Joint law of the second and third generated tokens (the first verified ones: a root
+    child, then a depth-2 node or the next step's root child) on an 8-token vocabulary, against
+    the exact target probabilities, for drawn and top-k children. A prompt-lookup branch joins
+    the tree when the context repeats a token, so draws with and without it are in the sample."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=8,
@@ -303,24 +313,25 @@ def test_sampling_keeps_the_target_distribution() -> None:
     with torch.no_grad():
         target.lm_head.weight.mul_(8.0)  # peaked but not degenerate distributions
     head = untrained("eagle1", target)
-    spec = TreeSpec(kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2)
-    decoder = SpecDecoder(target, head, spec)
+    decoder = SpecDecoder(target, head, SAMPLING_TREES[tree])
     sampling = Sampling(temperature=0.9, top_k=6)
     prompt = [1, 5, 2]
+
+    def next_probs(ids: list[int]) -> torch.Tensor:  # [8]
+        return sampling.probs(target(torch.tensor([prompt + ids])).logits[0, -1:])[0]
+
     with torch.no_grad():
-        p1 = sampling.probs(target(torch.tensor([prompt])).logits[0, -1:])[0]
-        joint = torch.stack(
-            [
-                p1[a] * sampling.probs(target(torch.tensor([prompt + [a]])).logits[0, -1:])[0]
-                for a in range(8)
-            ]
-        )  # [8, 8]
+        p1 = next_probs([])
+        joint = sum(
+            p1[a] * next_probs([a])[:, None] * torch.stack([next_probs([a, b]) for b in range(8)])
+            for a in range(8)
+        )  # [8, 8]: P(second = b, third = c)
     g = torch.Generator().manual_seed(1)
     counts = torch.zeros(8, 8)
     draws = 3000
     for _ in range(draws):
-        out, _ = decoder.generate(prompt, 2, sampling, generator=g)
-        counts[out[0], out[1]] += 1
+        out, _ = decoder.generate(prompt, 3, sampling, generator=g)
+        counts[out[1], out[2]] += 1
     expected = joint * draws
     keep = expected >= 5
     chi2 = (((counts - expected) ** 2 / expected.clamp_min(1e-9))[keep]).sum()

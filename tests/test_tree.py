@@ -18,14 +18,16 @@ from draftsmith.inference.attention import (
 )
 from draftsmith.inference.cache import keep_accepted
 from draftsmith.inference.tree import (
+    Draws,
     StaticTree,
     Tree,
     TreeSpec,
     build_dynamic_tree,
     chain_choices,
+    graft_chain,
     topk_choices,
 )
-from draftsmith.inference.verify import accept_greedy
+from draftsmith.inference.verify import Sampling, accept_greedy, accept_sampled
 from draftsmith.target import cache_kwarg
 
 
@@ -180,6 +182,54 @@ def test_greedy_acceptance_takes_the_deepest_path_the_target_agrees_with() -> No
         assert path.tolist() == walk and bonus == int(predicted[node])
         depths_seen.add(len(walk) - 1)
     assert depths_seen >= {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_drawn_trees_keep_the_target_law(kind: str) -> None:
+    """Decoding a Markov target (the next token's law depends on the last token only) with
+    trees of drawn children, a lookup-like chain and recursive rejection sampling: the first two
+    tokens follow the target's law exactly (chi-square over all 25 pairs, 24000 decodes). The
+    draft's law differs sharply from the target's, and the budget drops draws, so a tree that
+    kept draws for what they drew, or a verifier with the wrong residuals, would show."""
+    V = 5
+    expander = RandomExpander(vocab=V, seed=1, scale=2.0)
+    target_logits = 2.0 * torch.randn(V, V, generator=torch.Generator().manual_seed(2))
+    sampling = Sampling(temperature=1.0)
+    p = torch.softmax(target_logits, -1)  # [V, V] p[a, b] = P(next = b | last = a)
+    g = torch.Generator().manual_seed(3)
+    draws = Draws(1.0, g)
+    static = StaticTree(topk_choices(depth=2, top_k=3, total_tokens=5))
+
+    def step(last: int) -> list[int]:
+        expander.root_token = last
+        chain = torch.tensor([(last + 1) % V, (last + 2) % V])  # deterministic, from context
+        if kind == "dynamic":
+            tree = build_dynamic_tree(expander, last, 2, 3, 6, chain, draws)
+        else:
+            tree = graft_chain(static.build(expander, last, draws), chain)[0]
+        path, bonus = accept_sampled(tree, target_logits[tree.tokens], sampling, g)
+        return [*tree.tokens[path[1:]].tolist(), bonus]
+
+    root, runs = 0, 24000
+    counts = torch.zeros(V, V)
+    for _ in range(runs):
+        out = step(root)
+        if len(out) < 2:
+            out += step(out[-1])
+        counts[out[0], out[1]] += 1
+    expected = p[root][:, None] * p * runs  # [V, V]
+    keep = expected >= 5
+    chi2 = (((counts - expected) ** 2 / expected)[keep]).sum()
+    p_value = torch.special.gammaincc(torch.tensor((int(keep.sum()) - 1) / 2), chi2 / 2)
+    assert counts[~keep].sum() <= 5 * (~keep).sum() + 10
+    assert p_value > 0.001, f"chi2={chi2:.1f} p={p_value:.2e}"
+
+
+def test_drawn_static_tree_needs_first_ranks() -> None:
+    tree = StaticTree([[0], [2]])  # the third draw without the second
+    tree.build(RandomExpander(), 3)  # top-k children: any ranks
+    with pytest.raises(ValueError, match="first ranks"):
+        tree.build(RandomExpander(), 3, Draws(1.0))
 
 
 def test_split_attention_matches_dense_reference() -> None:
