@@ -202,17 +202,21 @@ class _Builder:
         return ids
 
     def view(self) -> Tree:
+        """The nodes so far (what an expansion reads)."""
         n = self.size
-        proposals = None
+        return Tree(self.tokens[:n], self.parents[:n], self.depths[:n], self.ancestors[:n, :n])
+
+    def finish(self) -> Tree:
+        """The built tree, with what its draws came from when they were sampled."""
+        tree = self.view()
         if self.draws.sampled:
-            proposals = Proposals(
+            tree.proposals = Proposals(
                 torch.cat(self.probs),
-                self.rows[:n],
-                torch.arange(n) > 0,  # every node but the root was drawn
+                self.rows[: tree.size],
+                torch.arange(tree.size) > 0,  # every node but the root was drawn
                 self.expander.to_target(torch.arange(self.probs[0].shape[-1])),
             )
-        tokens, parents, depths = self.tokens[:n], self.parents[:n], self.depths[:n]
-        return Tree(tokens, parents, depths, self.ancestors[:n, :n], proposals)
+        return tree
 
 
 def build_dynamic_tree(
@@ -257,7 +261,7 @@ def build_dynamic_tree(
         scores = tree.scores[frontier][:, None] + ranks  # [F, k]
         added = tree.add(frontier.repeat_interleave(top_k), tokens.flatten(), scores.flatten())
         frontier = added[scores.flatten().topk(top_k).indices.sort().values]
-    full, scores = tree.view(), tree.scores[: tree.size]
+    full, scores = tree.finish(), tree.scores[: tree.size]
     if chain is not None:
         full, leaf = graft_chain(full, chain)
         scores = torch.cat([scores, scores.new_zeros(full.size - scores.numel())])
@@ -345,7 +349,7 @@ class StaticTree:
                 logprobs = expander.expand(expanded, tree.view())
             tokens, scores = tree.children(expanded, logprobs, int(ranks.max()) + 1)
             tree.add(parents, tokens[rows, ranks], tree.scores[parents] + scores[rows, ranks])
-        return tree.view()
+        return tree.finish()
 
 
 def graft_chain(tree: Tree, chain: torch.Tensor) -> tuple[Tree, int]:
