@@ -284,6 +284,28 @@ def test_stops_at_an_eos_accepted_inside_a_draft(tiny_target, references) -> Non
     assert stats.tau > 1.0  # the drafts really were accepted
 
 
+@pytest.mark.parametrize("tree", ["dynamic+lookup", "static+lookup"])
+@pytest.mark.parametrize("name", list(HEADS))
+def test_every_head_samples_with_drawn_trees(name, tree, tiny_target, tiny_tokenizer) -> None:
+    """Drawn trees for every head kind at T=1: each step's randomness comes from the caller's
+    generator alone (the same seed, after other draws from torch's global generator, decodes
+    the same tokens), and drafts are accepted."""
+    decoder = SpecDecoder(tiny_target, untrained(name, tiny_target), TREES[tree])
+    sampling = Sampling(temperature=1.0)
+    runs = []
+    for noise in (1, 50):
+        torch.rand(noise)  # moves torch's global generator
+        out, stats = [], None
+        for prompt in prompts(tiny_tokenizer, 3):
+            tokens, stats = decoder.generate(
+                prompt, 24, sampling, generator=torch.Generator().manual_seed(7)
+            )
+            out.append(tokens)
+        runs.append(out)
+        assert all(len(t) == 24 for t in out) and stats.tau > 1.0
+    assert runs[0] == runs[1]
+
+
 SAMPLING_TREES = {
     "dynamic, drawn": TreeSpec(kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2),
     "static, drawn": TreeSpec(kind="static", depth=2, top_k=2, total_tokens=6, lookup=2),
