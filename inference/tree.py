@@ -106,19 +106,14 @@ class Draws:
     def sampled(self) -> bool:
         return self.temperature > 0
 
-    def sample(self, logprobs: torch.Tensor, k: int) -> torch.Tensor:
-        """[F, k] draft ids drawn without replacement, in draw order: the order of logits +
-        Gumbel noise is a sequence of draws without replacement from softmax(logits)."""
+    def sample(self, logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> ([F, k] draft ids drawn without replacement, in draw order; [F, Vd] the
+        distribution they were drawn from, softmax(log-probs / temperature)). The order of
+        logits + Gumbel noise is a sequence of draws without replacement from softmax(logits)."""
+        logits = logprobs.float() / self.temperature
         uniform = torch.rand(logprobs.shape, generator=self.generator)
         gumbel = -torch.log(-torch.log(uniform))
-        return (self.logits(logprobs) + gumbel).topk(k, dim=-1).indices
-
-    def logits(self, logprobs: torch.Tensor) -> torch.Tensor:
-        return logprobs.float() / self.temperature
-
-    def probs(self, logprobs: torch.Tensor) -> torch.Tensor:
-        """[F, Vd] the distribution `pick` draws from."""
-        return torch.softmax(self.logits(logprobs), dim=-1)
+        return (logits + gumbel).topk(k, dim=-1).indices, torch.softmax(logits, dim=-1)
 
 
 @dataclass
@@ -174,7 +169,8 @@ class _Builder:
         self.size = 1
         self.draws, self.expander = draws, expander
         self.rows = torch.full((capacity,), -1, dtype=torch.long)
-        self.probs: list[torch.Tensor] = []
+        self.probs: list[torch.Tensor] = []  # [F, Vd] per expansion, rows in expansion order
+        self.expanded = 0  # rows in self.probs
 
     def children(
         self, nodes: torch.Tensor, logprobs: torch.Tensor, k: int
@@ -184,9 +180,10 @@ class _Builder:
         top = logprobs.topk(k, dim=-1)
         ids = top.indices
         if self.draws.sampled:
-            ids = self.draws.sample(logprobs, k)
-            self.rows[nodes] = torch.arange(nodes.numel()) + sum(p.shape[0] for p in self.probs)
-            self.probs.append(self.draws.probs(logprobs).reshape(nodes.numel(), -1))
+            ids, probs = self.draws.sample(logprobs, k)
+            self.rows[nodes] = torch.arange(self.expanded, self.expanded + nodes.numel())
+            self.probs.append(probs.reshape(nodes.numel(), -1))
+            self.expanded += nodes.numel()
         return self.expander.to_target(ids), top.values.float()
 
     def add(
