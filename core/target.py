@@ -43,6 +43,11 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def local_only(name_or_path: str) -> bool:
+    """Whether `name_or_path` can only be a local path: a hub id is "name" or "owner/name"."""
+    return name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1
+
+
 def resolve_target_path(name_or_path: str) -> str:
     """Asset name -> cached folder; `tiny-random-llama` -> built tiny target; else unchanged."""
     if name_or_path == TINY_NAME:
@@ -51,9 +56,9 @@ def resolve_target_path(name_or_path: str) -> str:
         if ASSETS[name_or_path].kind != "target":
             raise AssetError(f"asset {name_or_path!r} is data, not a target model")
         return str(asset_path(name_or_path))
-    # a hub id is "name" or "owner/name"; anything else is a local path, which must exist
-    # (transformers would otherwise report a missing folder as a malformed repo id)
-    if name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
+    # a local path must exist (transformers would otherwise report a missing folder as a
+    # malformed repo id)
+    if local_only(name_or_path):
         path = Path(name_or_path).expanduser()
         if not path.exists():
             raise AssetError(f"could not load target {name_or_path!r}: no such folder")

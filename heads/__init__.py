@@ -44,13 +44,15 @@ def head_folder(name_or_path: str | Path) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
-    how = "train one with `draftsmith train`, or pass head_path=<folder or hub id>"
-    text = str(name_or_path)
-    if text.startswith(("/", ".", "~")) or text.count("/") != 1:
-        raise FileNotFoundError(f"{name_or_path}: no such head folder ({how})")
     from huggingface_hub import snapshot_download
 
     from draftsmith.heads.formats import PICKLE_FILES, SAFETENSORS_FILES
+    from draftsmith.target import local_only
+
+    how = "train one with `draftsmith train`, or pass head_path=<folder or hub id>"
+    text = str(name_or_path)
+    if local_only(text) or "/" not in text:  # heads are published as owner/name
+        raise FileNotFoundError(f"{name_or_path}: no such head folder ({how})")
 
     try:
         # offline, the cached snapshot of the repo's main branch is used
