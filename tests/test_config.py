@@ -81,12 +81,17 @@ def test_draft_vocab_for_a_head_with_its_own_fails() -> None:
     assert compose(["head=hydra", "eval.draft_vocab_size=64"]).eval.draft_vocab_size == 64
 
 
-def test_recipe_heads_share_data_and_budget() -> None:
-    """The four SmolLM2 head experiments train on one collection with one training budget."""
-    cfgs = [compose([f"experiment=smollm2_{h}"]) for h in ("eagle3", "eagle1", "medusa", "hydra")]
+@pytest.mark.parametrize(("recipe", "eagle3"), [("smollm2", "smollm2_eagle3"), ("quick", "quick")])
+def test_recipe_heads_share_data_and_budget(recipe: str, eagle3: str) -> None:
+    """The four head experiments of a recipe (the full SmolLM2 one, and the quick one) train on
+    one collection with one training budget and decode with one tree."""
+    names = [eagle3, *(f"{recipe}_{h}" for h in ("eagle1", "medusa", "hydra"))]
+    cfgs = [compose([f"experiment={name}"]) for name in names]
     assert [c.head.name for c in cfgs] == ["eagle3", "eagle1", "medusa", "hydra"]
-    assert {c.input_dir("collect") for c in cfgs} == {"runs/smollm2_eagle3/collect"}
+    assert {c.input_dir("collect") for c in cfgs} == {f"runs/{eagle3}/collect"}
     assert all(c.data == cfgs[0].data and c.train == cfgs[0].train for c in cfgs)
+    # Medusa and Hydra are cut to their 4 heads (inference/eval.py _tree_for)
+    assert all(c.tree.top_k == cfgs[0].tree.top_k and c.tree.depth == 4 for c in cfgs)
 
 
 def test_every_stage_reuses_freed_memory(monkeypatch: pytest.MonkeyPatch) -> None:
