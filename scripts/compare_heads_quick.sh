@@ -25,10 +25,12 @@ done
 # each head's results go to its own run
 lead=(experiment=quick_eagle1 run_name="${prefix}_eagle1" inputs_from="$eagle3")
 lead+=("eval.heads=[${prefix}_medusa,${prefix}_hydra,$eagle3]")
-draftsmith eval "${lead[@]}" 'eval.baselines=[vanilla,lookup]' eval.tag=heads
+# `draftsmith run` skips an eval whose results the lead run already holds
+draftsmith run "${lead[@]}" 'eval.baselines=[vanilla,lookup]' eval.tag=heads 'stages=[eval]'
 for benchmark in mt-bench humaneval heldout; do
   for temperature in 0 1; do
     [ "$benchmark-$temperature" = mt-bench-0 ] && continue  # the timed eval above
-    draftsmith eval "${lead[@]}" eval.benchmark="$benchmark" eval.temperature="$temperature"
+    draftsmith run "${lead[@]}" eval.benchmark="$benchmark" eval.temperature="$temperature" \
+      'stages=[eval]'
   done
 done
