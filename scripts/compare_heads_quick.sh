@@ -5,7 +5,8 @@
 # decoding (alone on the machine: the speedups, eval.tag=heads) and tau-only evals of the four on
 # MT-bench at T=1 and on HumanEval and held-out ShareGPT at T=0 and T=1. EAGLE-1, Medusa and Hydra
 # draft over the 4096 most frequent answer tokens (the presets' eval.draft_vocab_size), as many as
-# the EAGLE-3 head's own draft vocabulary. Every command resumes or skips finished work.
+# the EAGLE-3 head's own draft vocabulary, and Medusa and Hydra train on them
+# (head.draft_vocab_size). Every command resumes or skips finished work.
 #   bash scripts/compare_heads_quick.sh [EAGLE3_RUN] [PREFIX]   (defaults: quick, quick)
 # EAGLE3_RUN is an `experiment=quick` run (prepared, collected and trained there if missing);
 # the other heads train as PREFIX_eagle1, PREFIX_medusa and PREFIX_hydra. Then:

@@ -92,6 +92,11 @@ def test_recipe_heads_share_data_and_budget(recipe: str, eagle3: str) -> None:
     assert all(c.data == cfgs[0].data and c.train == cfgs[0].train for c in cfgs)
     # Medusa and Hydra are cut to their 4 heads (inference/eval.py _tree_for)
     assert all(c.tree.top_k == cfgs[0].tree.top_k and c.tree.depth == 4 for c in cfgs)
+    # the heads drafting through the target's lm_head draft over (and Medusa and Hydra train on)
+    # as many tokens as the EAGLE-3 head's own draft vocabulary
+    vocab = cfgs[0].head.draft_vocab_size
+    assert [c.eval.draft_vocab_size for c in cfgs[1:]] == [vocab] * 3
+    assert [c.head.draft_vocab_size for c in cfgs[2:]] == [vocab] * 2
 
 
 def test_every_stage_reuses_freed_memory(monkeypatch: pytest.MonkeyPatch) -> None:

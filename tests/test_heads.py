@@ -11,6 +11,7 @@ import torch
 
 from draftsmith.features import extract_features
 from draftsmith.heads import HEADS, HeadBatch, TargetInfo, TargetParts, build_head, load_head
+from draftsmith.heads.base import predicts_assistant_token, shifted
 from draftsmith.heads.eagle3 import default_aux_layers
 from draftsmith.heads.vocab import build_vocab_mapping, count_tokens
 
@@ -225,6 +226,44 @@ def test_eagle3_reduced_vocab_maps_draft_ids(info, tiny_target, batch) -> None:
     ids = head.draft_token_ids()
     assert torch.equal(head.to_target_ids(torch.arange(96)), ids)
     assert head.t2d[ids].all() and int(head.t2d.sum()) == 96
+
+
+@pytest.mark.parametrize("name", ["medusa", "hydra"])
+def test_parallel_heads_reduced_loss_vocab(name, info, tiny_target, batch) -> None:
+    """With draft_vocab_size, head k's loss is the soft-CE against the target's distribution
+    renormalised over the vocabulary, at anchors whose target top-1 is in it; anchors outside
+    still count as misses. The full vocabulary gives the unrestricted loss."""
+    counts = count_tokens(batch.input_ids, batch.loss_mask, info.vocab_size)
+    full = make(name, info, tiny_target)
+    same = make(name, info, tiny_target, draft_vocab_size=info.vocab_size)
+    same.set_vocab(counts)
+    assert same.loss(batch)[0].item() == pytest.approx(full.loss(batch)[0].item(), rel=1e-5)
+    head = make(name, info, tiny_target, draft_vocab_size=48)
+    head.set_vocab(counts)
+    loss, metrics = head.loss(batch)
+    ids = head.in_vocab.nonzero().squeeze(-1)  # [48]
+    assert ids.numel() == 48
+    parts = head.parts
+    normed = parts.norm(batch.hidden)  # [B, T, H]
+    top = parts.logits(batch.hidden).argmax(-1)  # [B, T] full-vocab top-1
+    expected = 0.0
+    with torch.no_grad():
+        for k in range(3):
+            select = predicts_assistant_token(batch, k + 2)
+            keep = select & head.in_vocab[shifted(top, k + 1)]
+            path = torch.stack([shifted(batch.input_ids, j + 1) for j in range(k + 1)], -1)[keep]
+            states = head.head_states(k, normed[keep], path)  # [M, H]
+            log_q = torch.log_softmax(parts.head_logits(states)[:, ids], -1)
+            p = torch.softmax(parts.logits(shifted(batch.hidden, k + 1)[keep])[:, ids], -1)
+            expected += 0.8**k * float(-(p * log_q).sum() / select.sum())
+            hits = ids[log_q.argmax(-1)] == shifted(top, k + 1)[keep]
+            assert metrics[f"acc_{k}"] == pytest.approx(float(hits.sum() / select.sum()))
+            assert 0 < keep.sum() < select.sum()  # the mask does cut (the test is not vacuous)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    loss.backward()
+    assert all(p.grad is not None for p in head.parameters())
+    with pytest.raises(ValueError, match="own_lm_head"):
+        make(name, info, tiny_target, draft_vocab_size=48, own_lm_head=True)
 
 
 def test_medusa_heads_share_no_parameter(info, tiny_target) -> None:

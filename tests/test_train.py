@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from pipeline import tiny_run
 from safetensors.torch import load_file
 
 from draftsmith.config import compose
+from draftsmith.heads.medusa import MedusaHead
+from draftsmith.inference.eval import draft_vocabulary
 from draftsmith.train import loop
 from draftsmith.train.data import batch_order
 
@@ -119,6 +122,26 @@ def test_init_from_starts_at_the_given_head(run_overrides) -> None:
     # zero steps used to save the untrained head as if it were trained
     with pytest.raises(ValueError, match="no steps to train"):
         loop.run(compose([*common, "run_name=none", "train.epochs=0"]))
+
+
+def test_parallel_head_loss_vocab_comes_from_the_answers(run_overrides, monkeypatch) -> None:
+    """A Hydra head's head.draft_vocab_size is set, before training, to the most frequent answer
+    tokens of the prepared data: the tokens eval.draft_vocab_size drafts over."""
+    seen: list[torch.Tensor] = []
+    original = MedusaHead.set_vocab
+
+    def spy(self: MedusaHead, counts: torch.Tensor) -> None:
+        original(self, counts)
+        seen.append(self.in_vocab.clone())
+
+    monkeypatch.setattr(MedusaHead, "set_vocab", spy)
+    base = run_overrides[: -len(HEAD)]
+    common = [*base, *TRAIN, "inputs_from=t", "train.max_steps=1", "head=hydra"]
+    loop.run(compose([*common, "run_name=hv", "head.draft_vocab_size=32"]))
+    assert len(seen) == 1 and int(seen[0].sum()) == 32
+    eval_cfg = compose([*common, "run_name=hv", "eval.draft_vocab_size=32"])
+    drafted = draft_vocabulary(eval_cfg, SimpleNamespace(vocab_size=seen[0].numel()))
+    assert seen[0][drafted].all()
 
 
 def test_loss_on_all_trains_every_real_token(run_overrides) -> None:

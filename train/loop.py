@@ -103,6 +103,10 @@ def setup(cfg: Config, rank: int):
     import datasets
 
     prepared = Path(cfg.input_dir("prepare")) / "dataset"
+    if getattr(head.config, "draft_vocab_size", 0):
+        # before init_from: a start head's weights carry their own draft vocabulary (EAGLE-3's
+        # d2t / t2d); a Medusa head's loss vocabulary is not in its weights
+        head.set_vocab(answer_token_counts(cfg.input_dir("prepare"), info.vocab_size))
     if t.init_from:
         start = load_head(t.init_from, info)
         try:  # strict: every tensor of `head` must come from the start head, shapes included
@@ -111,8 +115,6 @@ def setup(cfg: Config, rank: int):
             raise ValueError(
                 f"train.init_from={t.init_from}: does not fit head {head.name}: {err}"
             ) from None
-    elif hasattr(head, "set_vocab"):
-        head.set_vocab(answer_token_counts(cfg.input_dir("prepare"), info.vocab_size))
     dtype = torch.float32
     if online:
         if not prepared.exists():
