@@ -28,7 +28,7 @@ from draftsmith.heads.base import (
     shifted,
 )
 from draftsmith.heads.blocks import ResBlock
-from draftsmith.heads.vocab import frequent_tokens
+from draftsmith.heads.vocab import build_vocab_mapping
 
 
 @dataclass
@@ -89,9 +89,8 @@ class MedusaHead(DraftHead):
         """Cut the loss to the `draft_vocab_size` most frequent tokens of `counts` [V]."""
         if not self.config.draft_vocab_size:
             return
-        ids = frequent_tokens(counts, self.config.draft_vocab_size)  # [Vd] target ids
-        self.in_vocab.zero_()
-        self.in_vocab[ids.to(self.in_vocab.device)] = True
+        _, t2d = build_vocab_mapping(counts, self.config.draft_vocab_size)  # [V] membership
+        self.in_vocab.copy_(t2d)
         self._loss_parts = None
 
     def loss_parts(self) -> TargetParts:
