@@ -5,13 +5,19 @@ candidate path before it (t+1, the target's next token, then the k tokens drafte
 0..k-1), so every tree node is scored given its own ancestors. Head k = Linear((k+2)H -> H) over
 [feature, embeds...] followed by L residual blocks and the (shared or own) lm_head; it predicts
 token t+k+2 like Medusa head k. Training is teacher-forced on the real tokens.
+
+With `aux_layers`, the feature also reads EAGLE-3's low/mid/high target layers: feature =
+norm(h) + fc(concat(rms(aux_1), .., rms(aux_k))), each layer RMS-normalised first (mid-stack
+residual streams run far larger than the post-norm state) and fc zero-initialised, so a fresh head
+starts as the plain Hydra head it extends.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.heads.base import TargetInfo
@@ -22,6 +28,9 @@ from draftsmith.heads.medusa import MedusaConfig, MedusaHead
 @dataclass
 class HydraConfig(MedusaConfig):
     name: str = "hydra"
+    # target layers also fused into the feature, in EAGLE-3's convention ("input of layer k");
+    # empty = the last layer's post-norm state only, as the paper
+    aux_layers: list[int] = field(default_factory=list)
 
 
 class HydraHead(MedusaHead):
@@ -30,6 +39,9 @@ class HydraHead(MedusaHead):
     uses_path = True
 
     def __init__(self, config: HydraConfig, target: TargetInfo) -> None:
+        bad = [k for k in config.aux_layers if not 1 <= k <= target.num_layers]
+        if bad:
+            raise ValueError(f"aux_layers {bad} out of range 1..{target.num_layers}")
         super().__init__(config, target)
         H = target.hidden_size
         self.prefix = nn.ModuleList(
@@ -41,6 +53,22 @@ class HydraHead(MedusaHead):
                 for _ in range(config.num_heads)
             ]
         )
+        if config.aux_layers:  # made last: the other weights draw as a plain head's would
+            self.fc = nn.Linear(len(config.aux_layers) * H, H, bias=False)
+            nn.init.zeros_(self.fc.weight)
+
+    def feature_input(self, hidden: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
+        feature = self.parts.norm(hidden)  # [.., H]
+        if not self.config.aux_layers:
+            return feature
+        if aux is None:
+            raise ValueError(
+                f"this hydra head fuses target layers {self.config.aux_layers}: it needs their "
+                "features (collect with the same aux_layers)"
+            )
+        layers = aux.unflatten(-1, (len(self.config.aux_layers), -1))  # [.., k, H]
+        normed = F.rms_norm(layers, layers.shape[-1:], eps=self.target.rms_norm_eps)
+        return feature + self.fc(normed.flatten(-2))
 
     def head_states(
         self, k: int, feature: torch.Tensor, path_tokens: torch.Tensor | None

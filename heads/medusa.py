@@ -116,21 +116,26 @@ class MedusaHead(DraftHead):
             return self.lm_heads[k](states)
         return (parts or self.parts).head_logits(states)
 
+    def feature_input(self, hidden: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
+        """Pre-norm target states [.., H] (+ aux [.., kH]) -> the heads' feature [.., H]: the
+        post-norm state the target's own lm_head reads."""
+        return self.parts.norm(hidden)
+
     def head_states(
         self, k: int, feature: torch.Tensor, path_tokens: torch.Tensor | None
     ) -> torch.Tensor:
-        """Head k on post-norm features [N, H]; Medusa ignores the path tokens."""
+        """Head k on features [N, H]; Medusa ignores the path tokens."""
         return self.blocks[k](feature)
 
     def depth_logits(
-        self, k: int, hidden: torch.Tensor, path_tokens: torch.Tensor | None = None
+        self, k: int, feature: torch.Tensor, path_tokens: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Inference: head-k logits [N, V] from pre-norm target states [N, H] and, per node, the
-        tokens of its path from the root (t+1 .. t+k+1) [N, k+1]."""
-        return self.head_logits(k, self.head_states(k, self.parts.norm(hidden), path_tokens))
+        """Inference: head-k logits [N, V] from features [N, H] (`feature_input`) and, per node,
+        the tokens of its path from the root (t+1 .. t+k+1) [N, k+1]."""
+        return self.head_logits(k, self.head_states(k, feature, path_tokens))
 
     def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        feature = self.parts.norm(batch.hidden)  # [B, T, H]
+        feature = self.feature_input(batch.hidden, batch.aux)  # [B, T, H]
         parts = self.loss_parts()
         top = None
         if parts is not self.parts:  # the target's full-vocab top-1 per position [B, T]

@@ -4,7 +4,8 @@ EagleDrafter: autoregressive heads. Committed pairs (target feature of position 
 live in the head's KV cache; tree nodes are appended per depth with a mask that shows each node
 the committed entries, its drafted ancestors and itself, then cropped away before the next
 commit (the accepted tokens are re-committed with the target's true features).
-ParallelDrafter: Medusa/Hydra. Every depth is proposed from one target state (the anchor);
+ParallelDrafter: Medusa/Hydra. Every depth is proposed from one target feature (the anchor,
+of the state that predicted the root);
 Hydra also reads each node's path tokens.
 
 Both can draft over a reduced vocabulary (`vocab`, target ids): a head that scores through the
@@ -121,7 +122,8 @@ class ParallelDrafter(_Drafter):
     def commit(
         self, hidden: torch.Tensor, aux: torch.Tensor | None, next_tokens: torch.Tensor
     ) -> None:
-        self.anchor = hidden[:, -1]  # [1, H] the state that predicted the root
+        last = None if aux is None else aux[:, -1]
+        self.anchor = self.head.feature_input(hidden[:, -1], last)  # [1, H] read by every depth
         self.root_token = next_tokens[:, -1:]  # [1, 1]
 
     def _logprobs(self, depth: int, count: int, path: torch.Tensor) -> torch.Tensor:

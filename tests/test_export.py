@@ -25,7 +25,10 @@ CONFIGS = {
     "eagle1": {"name": "eagle1", "fc_bias": True},
     "medusa": {"name": "medusa", "num_heads": 3, "num_layers": 2},
     "hydra": {"name": "hydra", "num_heads": 2},
+    "hydra+aux": {"name": "hydra", "num_heads": 2, "aux_layers": [1, 2, 4]},
 }
+# every head in every format it supports, and Hydra with fused layers in its one
+ROUND_TRIPS = [(n, f) for n, fs in SUPPORTED.items() for f in fs] + [("hydra+aux", "native")]
 
 
 @pytest.fixture(scope="module")
@@ -74,15 +77,16 @@ def draft_outputs(head, tiny_target) -> torch.Tensor:
                 + head.draft_logits(out).mean()
             )
         path = ids[0, -3:][None]
+        aux_last = None if aux is None else aux[0, -1:]
         return torch.stack(
             [
-                head.depth_logits(k, hidden[0, -1:], path[:, : k + 1])
+                head.depth_logits(k, head.feature_input(hidden[0, -1:], aux_last), path[:, : k + 1])
                 for k in range(head.config.num_heads)
             ]
         )
 
 
-@pytest.mark.parametrize("name,fmt", [(n, f) for n, fs in SUPPORTED.items() for f in fs])
+@pytest.mark.parametrize("name,fmt", ROUND_TRIPS)
 def test_export_import_round_trip(name, fmt, info, tiny_target, tmp_path: Path) -> None:
     head = trained_like(name, info, tiny_target)
     out = export_head(head, fmt, tmp_path / fmt)

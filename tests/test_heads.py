@@ -266,6 +266,28 @@ def test_parallel_heads_reduced_loss_vocab(name, info, tiny_target, batch) -> No
         make(name, info, tiny_target, draft_vocab_size=48, own_lm_head=True)
 
 
+def test_hydra_fuses_aux_layers(info, tiny_target, batch) -> None:
+    """With aux_layers, Hydra's feature is norm(h) + fc(each aux layer RMS-normalised); fc starts
+    at zero, so a fresh fused head computes what the plain head does, and training reaches fc."""
+    plain = make("hydra", info, tiny_target)
+    fused = make("hydra", info, tiny_target, aux_layers=default_aux_layers(4))
+    loss = fused.loss(batch)[0]
+    assert loss.item() == pytest.approx(plain.loss(batch)[0].item(), rel=1e-6)
+    loss.backward()
+    assert fused.fc.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        fused.fc.weight.normal_()
+    H, eps = info.hidden_size, info.rms_norm_eps
+    layers = [a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + eps) for a in batch.aux.split(H, -1)]
+    expected = fused.parts.norm(batch.hidden) + torch.cat(layers, -1) @ fused.fc.weight.T
+    torch.testing.assert_close(fused.feature_input(batch.hidden, batch.aux), expected)
+    assert fused.loss(batch)[0].item() != pytest.approx(plain.loss(batch)[0].item(), rel=1e-3)
+    with pytest.raises(ValueError, match="needs their features"):
+        fused.feature_input(batch.hidden, None)
+    with pytest.raises(ValueError, match="out of range"):
+        make("hydra", info, tiny_target, aux_layers=[0, 5])
+
+
 def test_medusa_heads_share_no_parameter(info, tiny_target) -> None:
     head = make("medusa", info, tiny_target)
     pointers = [p.data_ptr() for p in head.parameters()]

@@ -21,6 +21,8 @@ HEADS = {
     "eagle3": {"name": "eagle3", "draft_vocab_size": 128},
     "medusa": {"name": "medusa", "num_heads": 4},
     "hydra": {"name": "hydra", "num_heads": 4},
+    # Hydra reading EAGLE-3's low/mid/high layers too (the aux features of each accepted node)
+    "hydra+aux": {"name": "hydra", "num_heads": 4, "aux_layers": [1, 2, 4]},
 }
 TREES = {
     "dynamic": TreeSpec(kind="dynamic", depth=4, top_k=3, total_tokens=10),

@@ -144,6 +144,18 @@ def test_parallel_head_loss_vocab_comes_from_the_answers(run_overrides, monkeypa
     assert seen[0][drafted].all()
 
 
+def test_fused_hydra_trains_on_the_collected_layers(run_overrides) -> None:
+    """head.aux_layers feeds a Hydra head the collected EAGLE-3 layers (its fc is trained and
+    saved); layers the shards do not hold are refused, naming both."""
+    base = run_overrides[: -len(HEAD)]
+    common = [*base, *TRAIN, "inputs_from=t", "train.max_steps=2", "head=hydra"]
+    loop.run(compose([*common, "run_name=hf", "head.aux_layers=[2,2,1]"]))
+    saved = load_file(str(Path(runs_dir(run_overrides)) / "hf/train/head/model.safetensors"))
+    assert saved["fc.weight"].abs().sum() > 0  # zero-initialised, then trained
+    with pytest.raises(ValueError, match=r"aux layers \[1, 2, 3\].*hold \[2, 2, 1\]"):
+        loop.run(compose([*common, "run_name=hf2", "head.aux_layers=[1,2,3]"]))
+
+
 def test_loss_on_all_trains_every_real_token(run_overrides) -> None:
     """train.loss_on=all makes every real token a training target, not only assistant ones."""
     common = [*run_overrides, "inputs_from=t", "train.max_steps=1", "train.log_every=1"]
