@@ -277,8 +277,9 @@ def test_hydra_fuses_aux_layers(info, tiny_target, batch) -> None:
     assert fused.fc.weight.grad.abs().sum() > 0
     with torch.no_grad():
         fused.fc.weight.normal_()
-    H, eps = info.hidden_size, info.rms_norm_eps
-    layers = [a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + eps) for a in batch.aux.split(H, -1)]
+    eps = info.rms_norm_eps
+    split = batch.aux.split(info.hidden_size, -1)  # the layers' states, [B, T, H] each
+    layers = [a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + eps) for a in split]
     expected = fused.parts.norm(batch.hidden) + torch.cat(layers, -1) @ fused.fc.weight.T
     torch.testing.assert_close(fused.feature_input(batch.hidden, batch.aux), expected)
     assert fused.loss(batch)[0].item() != pytest.approx(plain.loss(batch)[0].item(), rel=1e-3)
