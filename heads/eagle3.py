@@ -28,6 +28,13 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
+def check_aux_layers(layers: list[int], num_layers: int) -> None:
+    """Refuse layer ids outside 1..num_layers (the target's layers, in our convention)."""
+    bad = [k for k in layers if not 1 <= k <= num_layers]
+    if bad:
+        raise ValueError(f"aux_layers {bad} out of range 1..{num_layers}")
+
+
 @dataclass
 class Eagle3Config(HeadConfig):
     name: str = "eagle3"
@@ -54,9 +61,7 @@ class Eagle3Head(AutoregressiveHead):
     def __init__(self, config: Eagle3Config, target: TargetInfo) -> None:
         if not config.aux_layers:
             config.aux_layers = default_aux_layers(target.num_layers)
-        bad = [k for k in config.aux_layers if not 1 <= k <= target.num_layers]
-        if bad:
-            raise ValueError(f"aux_layers {bad} out of range 1..{target.num_layers}")
+        check_aux_layers(config.aux_layers, target.num_layers)
         if config.draft_vocab_size <= 0 or config.draft_vocab_size > target.vocab_size:
             config.draft_vocab_size = target.vocab_size
         super().__init__(config, target)

@@ -8,8 +8,8 @@ token t+k+2 like Medusa head k. Training is teacher-forced on the real tokens.
 
 With `aux_layers`, the feature also reads EAGLE-3's low/mid/high target layers: feature =
 norm(h) + fc(concat(rms(aux_1), .., rms(aux_k))), each layer RMS-normalised first (mid-stack
-residual streams run far larger than the post-norm state) and fc zero-initialised, so a fresh head
-starts as the plain Hydra head it extends.
+residual streams can run far larger than the post-norm state) and fc zero-initialised, so a
+fresh head starts as the plain Hydra head it extends.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch import nn
 
 from draftsmith.heads.base import TargetInfo
 from draftsmith.heads.blocks import ResBlock
+from draftsmith.heads.eagle3 import check_aux_layers
 from draftsmith.heads.medusa import MedusaConfig, MedusaHead
 
 
@@ -39,9 +40,7 @@ class HydraHead(MedusaHead):
     uses_path = True
 
     def __init__(self, config: HydraConfig, target: TargetInfo) -> None:
-        bad = [k for k in config.aux_layers if not 1 <= k <= target.num_layers]
-        if bad:
-            raise ValueError(f"aux_layers {bad} out of range 1..{target.num_layers}")
+        check_aux_layers(config.aux_layers, target.num_layers)
         super().__init__(config, target)
         H = target.hidden_size
         self.prefix = nn.ModuleList(
