@@ -198,13 +198,22 @@ def test_two_ranks_match_one_rank(run_overrides) -> None:
         torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-6)
 
 
-def test_online_matches_offline(run_overrides) -> None:
+@pytest.mark.parametrize("head", ["eagle3", "hydra"])
+def test_online_matches_offline(run_overrides, head: str) -> None:
+    """Online features train as the collected ones do, for a head reading EAGLE-3's layers and
+    for one reading the last layer only (whose batches carry no aux layers either way)."""
+    if head != "eagle3":
+        run_overrides = [*run_overrides[: -len(HEAD)], *TRAIN, f"head={head}"]
     common = [*run_overrides, "train.max_steps=1", "train.log_every=1", "train.save_every=1000"]
-    loop.run(compose([*common, "run_name=offline", "inputs_from=t"]))
-    loop.run(compose([*common, "run_name=online", "inputs_from=t", "train=online", *TRAIN]))
+    cfg = compose([*common, f"run_name=offline_{head}", "inputs_from=t"])
+    _, _, sources, make_batch_for = loop.setup(cfg, 0)
+    assert (make_batch_for(sources["train"])([0, 1]).aux is None) == (head != "eagle3")
+    loop.run(cfg)
+    loop.run(compose([*common, f"run_name=online_{head}", "inputs_from=t", "train=online", *TRAIN]))
     root = runs_dir(run_overrides)
     # shards store fp16 features; online features are fp32
-    assert losses(root, "online")[1] == pytest.approx(losses(root, "offline")[1], rel=5e-3)
+    online, offline = losses(root, f"online_{head}")[1], losses(root, f"offline_{head}")[1]
+    assert online == pytest.approx(offline, rel=5e-3)
 
 
 def test_wandb_offline_run_files(run_overrides, monkeypatch) -> None:

@@ -19,8 +19,10 @@ from draftsmith.heads import HeadBatch, TargetInfo, TargetParts
 class ShardRows:
     """Random access to the rows of one split of a collect folder (lazy safetensors slices)."""
 
-    def __init__(self, folder: str | Path, split: str, max_len: int) -> None:
+    def __init__(self, folder: str | Path, split: str, max_len: int, aux: bool = True) -> None:
         self.folder = Path(folder)
+        # a head that reads the last layer only skips the aux layers (3x the hidden state's bytes)
+        self.keys = ("input_ids", "loss_mask", "hidden", *(("aux",) if aux else ()), "target_top")
         index_path = self.folder / "index.json"
         if not index_path.exists():
             raise FileNotFoundError(
@@ -89,18 +91,17 @@ class ShardRows:
         if shard not in self._handles:
             self._handles[shard] = safe_open(str(self.files[shard]), framework="pt")
         f = self._handles[shard]
-        keys = ("input_ids", "loss_mask", "hidden", "aux", "target_top")
-        return {key: f.get_slice(key)[start : start + n] for key in keys if key in f.keys()}
+        return {key: f.get_slice(key)[start : start + n] for key in self.keys if key in f.keys()}
 
 
 def collate(rows: list[dict[str, torch.Tensor]], dtype: torch.dtype) -> HeadBatch:
-    """Right-pad rows into a HeadBatch."""
+    """Right-pad rows into a HeadBatch (aux None when the rows hold none)."""
     width = max(r["input_ids"].shape[0] for r in rows)
     B = len(rows)
     ids = torch.zeros(B, width, dtype=torch.long)
     mask = torch.zeros(B, width)
     hidden = torch.zeros(B, width, rows[0]["hidden"].shape[-1], dtype=dtype)
-    aux = torch.zeros(B, width, rows[0]["aux"].shape[-1], dtype=dtype)
+    aux = torch.zeros(B, width, rows[0]["aux"].shape[-1], dtype=dtype) if "aux" in rows[0] else None
     lengths = torch.tensor([r["input_ids"].shape[0] for r in rows])
     top = torch.zeros(B, width, dtype=torch.long) if "target_top" in rows[0] else None
     for b, r in enumerate(rows):
@@ -108,7 +109,8 @@ def collate(rows: list[dict[str, torch.Tensor]], dtype: torch.dtype) -> HeadBatc
         ids[b, :n] = r["input_ids"].long()
         mask[b, :n] = r["loss_mask"].float()
         hidden[b, :n] = r["hidden"].to(dtype)
-        aux[b, :n] = r["aux"].to(dtype)
+        if aux is not None:
+            aux[b, :n] = r["aux"].to(dtype)
         if top is not None:
             top[b, :n] = r["target_top"].long()
     return HeadBatch(ids, mask, hidden, aux, lengths, top)
@@ -166,4 +168,5 @@ def online_batch(
     hidden, aux = extract_features(target, ids.to(device), aux_layers)
     top = TargetParts.from_model(target).top_tokens(hidden).cpu()
     lengths = torch.tensor([r["input_ids"].shape[0] for r in rows])
-    return HeadBatch(ids, mask, hidden.to(dtype).cpu(), aux.to(dtype).cpu(), lengths, top)
+    aux = None if aux is None else aux.to(dtype).cpu()  # None: the head reads no aux layers
+    return HeadBatch(ids, mask, hidden.to(dtype).cpu(), aux, lengths, top)

@@ -129,7 +129,8 @@ def setup(cfg: Config, rank: int):
     else:
         folder = cfg.input_dir("collect")
         sources = {
-            name: ShardRows(folder, name, cfg.train.max_len) for name in ("train", "heldout")
+            name: ShardRows(folder, name, cfg.train.max_len, aux=bool(aux_layers))
+            for name in ("train", "heldout")
         }
         sources["train"].check(info, aux_layers)
 
