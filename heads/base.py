@@ -333,6 +333,12 @@ class DraftHead(nn.Module, ABC):
     def drafts_with_target_lm_head(self) -> bool:
         return self.config.drafts_with_target_lm_head
 
+    @property
+    def aux_layers(self) -> list[int]:
+        """Target layers the head reads besides the last (EAGLE-3's, a fused Hydra's), in the
+        features convention; [] for none. Training and decoding capture exactly these."""
+        return list(getattr(self.config, "aux_layers", None) or [])
+
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (the identity unless the head has its own vocab)."""
         return draft_ids

@@ -105,7 +105,7 @@ class SpecDecoder:
         self.windows = attention_windows(target.config)
         tree_implementation(target, tree.attention)
         self.drafter = make_drafter(head, draft_vocab)
-        self.aux_layers = list(getattr(head.config, "aux_layers", []) or [])
+        self.aux_layers = head.aux_layers
         depth = {"chain": tree.depth, "static": None, "dynamic": tree.depth}[tree.kind]
         if tree.kind == "chain":
             self.static = StaticTree(chain_choices(tree.depth))

@@ -64,9 +64,7 @@ def draft_outputs(head, tiny_target) -> torch.Tensor:
     ids = torch.randint(3, 250, (1, 12), generator=g)
     from draftsmith.features import extract_features
 
-    hidden, aux = extract_features(
-        tiny_target, ids, aux_layers=getattr(head.config, "aux_layers", [])
-    )
+    hidden, aux = extract_features(tiny_target, ids, aux_layers=head.aux_layers)
     with torch.no_grad():
         if head.kind == "autoregressive":
             out = head.step(

@@ -99,7 +99,7 @@ def setup(cfg: Config, rank: int):
     target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
     info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
     head = build_head(cfg.head, info).bind(TargetParts.from_model(target).check(target))
-    aux_layers = list(getattr(head.config, "aux_layers", []) or [])
+    aux_layers = head.aux_layers
     import datasets
 
     prepared = Path(cfg.input_dir("prepare")) / "dataset"
