@@ -27,7 +27,7 @@ from draftsmith.heads.base import (
     predicts_assistant_token,
     shifted,
 )
-from draftsmith.heads.blocks import ResBlock
+from draftsmith.heads.blocks import KVCache, ResBlock
 from draftsmith.heads.vocab import build_vocab_mapping
 
 
@@ -121,6 +121,19 @@ class MedusaHead(DraftHead):
         post-norm state the target's own lm_head reads."""
         return self.parts.norm(hidden)
 
+    def new_cache(self) -> KVCache | None:
+        """The state a drafter keeps between commits: none, unless `sequence_features` reads
+        earlier positions (Hydra's prefix attention)."""
+        return None
+
+    def sequence_features(
+        self, hidden: torch.Tensor, aux: torch.Tensor | None, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        """Features [B, N, H] of N consecutive positions from their target states [B, N, H]
+        (+ aux [B, N, kH]), following the positions already in `cache` (appended to it); without
+        a cache, the N positions are a sequence's first. Medusa: `feature_input` per position."""
+        return self.feature_input(hidden, aux)
+
     def head_states(
         self, k: int, feature: torch.Tensor, path_tokens: torch.Tensor | None
     ) -> torch.Tensor:
@@ -135,7 +148,7 @@ class MedusaHead(DraftHead):
         return self.head_logits(k, self.head_states(k, feature, path_tokens))
 
     def loss(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        feature = self.feature_input(batch.hidden, batch.aux)  # [B, T, H]
+        feature = self.sequence_features(batch.hidden, batch.aux)  # [B, T, H]
         parts = self.loss_parts()
         top = None
         if parts is not self.parts:  # the target's full-vocab top-1 per position [B, T]

@@ -5,8 +5,8 @@ live in the head's KV cache; tree nodes are appended per depth with a mask that 
 the committed entries, its drafted ancestors and itself, then cropped away before the next
 commit (the accepted tokens are re-committed with the target's true features).
 ParallelDrafter: Medusa/Hydra. Every depth is proposed from one target feature (the anchor,
-of the state that predicted the root);
-Hydra also reads each node's path tokens.
+of the state that predicted the root); Hydra also reads each node's path tokens, and with prefix
+attention keeps a KV cache of the committed positions' features.
 
 Both can draft over a reduced vocabulary (`vocab`, target ids): a head that scores through the
 target's full lm_head then reads Vd x H weights per expansion instead of V x H (49k x 576 for
@@ -115,15 +115,19 @@ class ParallelDrafter(_Drafter):
         self.uses_path = getattr(head, "uses_path", False)
         self.anchor: torch.Tensor | None = None
         self.root_token: torch.Tensor | None = None
+        self.reset()
 
     def reset(self) -> None:
         self.anchor = None
+        self.cache = self.head.new_cache()  # None: the head reads the last position only
 
     def commit(
         self, hidden: torch.Tensor, aux: torch.Tensor | None, next_tokens: torch.Tensor
     ) -> None:
-        last = None if aux is None else aux[:, -1]
-        self.anchor = self.head.feature_input(hidden[:, -1], last)  # [1, H] read by every depth
+        if self.cache is None:
+            hidden, aux = hidden[:, -1:], None if aux is None else aux[:, -1:]
+        # [1, H] of the last position, read by every depth
+        self.anchor = self.head.sequence_features(hidden, aux, self.cache)[:, -1]
         self.root_token = next_tokens[:, -1:]  # [1, 1]
 
     def _logprobs(self, depth: int, count: int, path: torch.Tensor) -> torch.Tensor:

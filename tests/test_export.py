@@ -26,9 +26,11 @@ CONFIGS = {
     "medusa": {"name": "medusa", "num_heads": 3, "num_layers": 2},
     "hydra": {"name": "hydra", "num_heads": 2},
     "hydra+aux": {"name": "hydra", "num_heads": 2, "aux_layers": [1, 2, 4]},
+    "hydra+prefix": {"name": "hydra", "num_heads": 2, "prefix_attention": True},
 }
-# every head in every format it supports, and Hydra with fused layers in its one
-ROUND_TRIPS = [(n, f) for n, fs in SUPPORTED.items() for f in fs] + [("hydra+aux", "native")]
+# every head in every format it supports, and Hydra with fused layers or prefix attention in its one
+ROUND_TRIPS = [(n, f) for n, fs in SUPPORTED.items() for f in fs]
+ROUND_TRIPS += [("hydra+aux", "native"), ("hydra+prefix", "native")]
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +77,9 @@ def draft_outputs(head, tiny_target) -> torch.Tensor:
                 + head.draft_logits(out).mean()
             )
         path = ids[0, -3:][None]
-        aux_last = None if aux is None else aux[0, -1:]
+        anchor = head.sequence_features(hidden, aux)[0, -1:]  # [1, H]
         return torch.stack(
-            [
-                head.depth_logits(k, head.feature_input(hidden[0, -1:], aux_last), path[:, : k + 1])
-                for k in range(head.config.num_heads)
-            ]
+            [head.depth_logits(k, anchor, path[:, : k + 1]) for k in range(head.config.num_heads)]
         )
 
 

@@ -289,6 +289,34 @@ def test_hydra_fuses_aux_layers(info, tiny_target, batch) -> None:
         make("hydra", info, tiny_target, aux_layers=[0, 5])
 
 
+def test_hydra_prefix_attention(info, tiny_target, batch) -> None:
+    """Hydra++'s prefix attention starts as the identity (a fresh head's loss is the plain
+    head's), is reached by training, and at inference its KV cache fed position by position in
+    uneven blocks (as commits do) gives the features the training pass computes causally."""
+    plain = make("hydra", info, tiny_target)
+    head = make("hydra", info, tiny_target, prefix_attention=True)
+    loss = head.loss(batch)[0]
+    assert loss.item() == pytest.approx(plain.loss(batch)[0].item(), rel=1e-6)
+    loss.backward()
+    assert head.context.self_attn.o_proj.weight.grad.abs().sum() > 0
+    assert plain.new_cache() is None
+    with torch.no_grad():
+        for p in head.context.parameters():
+            p.normal_(0, 0.05)
+        row = batch.hidden[1:2]  # [1, T, H]
+        full = head.sequence_features(row, None)  # [1, T, H]
+        assert not torch.allclose(full, plain.sequence_features(row, None))
+        cache, pieces, start = head.new_cache(), [], 0
+        for size in (5, 1, 3, 2, 4):
+            pieces.append(head.sequence_features(row[:, start : start + size], None, cache))
+            start += size
+        torch.testing.assert_close(torch.cat(pieces, 1), full[:, :start], rtol=1e-4, atol=1e-5)
+        # the context reaches back: changing the first position changes the last feature
+        moved = row.clone()
+        moved[:, 0] += 1.0
+        assert not torch.allclose(head.sequence_features(moved, None)[:, 8], full[:, 8])
+
+
 def test_medusa_heads_share_no_parameter(info, tiny_target) -> None:
     head = make("medusa", info, tiny_target)
     pointers = [p.data_ptr() for p in head.parameters()]

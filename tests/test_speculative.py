@@ -23,6 +23,8 @@ HEADS = {
     "hydra": {"name": "hydra", "num_heads": 4},
     # Hydra reading EAGLE-3's low/mid/high layers too (the aux features of each accepted node)
     "hydra+aux": {"name": "hydra", "num_heads": 4, "aux_layers": [1, 2, 4]},
+    # Hydra++'s prefix attention, with its own KV cache of the committed positions
+    "hydra+prefix": {"name": "hydra", "num_heads": 4, "prefix_attention": True},
 }
 TREES = {
     "dynamic": TreeSpec(kind="dynamic", depth=4, top_k=3, total_tokens=10),

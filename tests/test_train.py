@@ -156,6 +156,17 @@ def test_fused_hydra_trains_on_the_collected_layers(run_overrides) -> None:
         loop.run(compose([*common, "run_name=hf2", "head.aux_layers=[1,2,3]"]))
 
 
+def test_hydra_prefix_attention_trains(run_overrides) -> None:
+    """head.prefix_attention adds Hydra++'s decoder layer; training moves its zero-initialised
+    output projections, and the saved head reloads with it."""
+    base = run_overrides[: -len(HEAD)]
+    common = [*base, *TRAIN, "inputs_from=t", "train.max_steps=2", "head=hydra"]
+    loop.run(compose([*common, "run_name=hp", "head.prefix_attention=true"]))
+    saved = load_file(str(Path(runs_dir(run_overrides)) / "hp/train/head/model.safetensors"))
+    assert saved["context.self_attn.o_proj.weight"].abs().sum() > 0
+    assert saved["context.mlp.down_proj.weight"].abs().sum() > 0
+
+
 def test_loss_on_all_trains_every_real_token(run_overrides) -> None:
     """train.loss_on=all makes every real token a training target, not only assistant ones."""
     common = [*run_overrides, "inputs_from=t", "train.max_steps=1", "train.log_every=1"]
