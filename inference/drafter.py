@@ -113,12 +113,11 @@ class ParallelDrafter(_Drafter):
         super().__init__(head, vocab)
         self.max_depth = head.config.num_heads
         self.uses_path = getattr(head, "uses_path", False)
-        self.anchor: torch.Tensor | None = None
         self.root_token: torch.Tensor | None = None
         self.reset()
 
     def reset(self) -> None:
-        self.anchor = None
+        self.anchor: torch.Tensor | None = None
         self.cache = self.head.new_cache()  # None: the head reads the last position only
 
     def commit(
