@@ -158,7 +158,7 @@ def test_fused_hydra_trains_on_the_collected_layers(run_overrides) -> None:
 
 def test_hydra_prefix_attention_trains(run_overrides) -> None:
     """head.prefix_attention adds Hydra++'s decoder layer; training moves its zero-initialised
-    output projections, and the saved head reloads with it."""
+    output projections, and the saved head holds them."""
     base = run_overrides[: -len(HEAD)]
     common = [*base, *TRAIN, "inputs_from=t", "train.max_steps=2", "head=hydra"]
     loop.run(compose([*common, "run_name=hp", "head.prefix_attention=true"]))
