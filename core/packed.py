@@ -1,4 +1,4 @@
-"""Frozen bf16 linear layers with their weights packed once for oneDNN (CPU decoding speed).
+"""Frozen bf16 and fp32 linear layers, their weights packed once for oneDNN (CPU decoding speed).
 
 On CPU, torch's bf16 `F.linear` runs oneDNN's matmul on the weight in its plain layout, and the
 kernel copies it into its blocked bf16 layout inside every call. Decoding multiplies a few rows by
@@ -7,6 +7,12 @@ every weight of the model, so that copy is a large share of each call. Packing t
 product on them gives the same bits in less time: on SmolLM2's layer shapes (Zen 4, 2 cores)
 ~26% less at 1 row and ~35% less at 16, none at collection's 4096 rows (`scripts/bench_verify.py`
 measures whole forwards both ways).
+In fp32 the plain `F.linear` runs MKL's sgemm, which repacks the weight for every call of more
+than one row: on an AVX2-only CPU (session 48) a SmolLM2 forward of 2 tokens cost 114 ms against
+74 for one. oneDNN's fp32 inner product on a packed weight is not bit-identical to MKL's sgemm
+(it differs within float rounding, as sgemm's own one-row and many-row kernels do), so in fp32 a
+packed model is a different-kernel copy of the target; every decoding method of an eval runs the
+same packed model, so speculative output is still compared with that model's own greedy output.
 The plain weight stays in place (tied embeddings, weight indexing and state dicts still read
 it), so a packed model holds its linear weights twice.
 """
@@ -26,28 +32,29 @@ class PackedLinear(nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def packing_available() -> bool:
-    """Whether this torch build's oneDNN has bf16 kernels on this CPU (else nothing is packed)."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether this torch build's oneDNN has `dtype` kernels on this CPU (else nothing of that
+    dtype is packed): fp32 wherever oneDNN is built in, bf16 where the CPU has bf16 support."""
+    if not torch.backends.mkldnn.is_available() or dtype not in (torch.bfloat16, torch.float32):
+        return False
+    return dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def can_pack(module: nn.Module) -> bool:
-    """A frozen bf16 nn.Linear on CPU."""
+    """A frozen bf16 or fp32 nn.Linear on CPU whose dtype oneDNN has kernels for."""
     return (
         type(module) is nn.Linear
-        and module.weight.dtype == torch.bfloat16
         and module.weight.device.type == "cpu"
         and not module.weight.requires_grad
+        and packing_available(module.weight.dtype)
     )
 
 
 def pack_linears(model: nn.Module) -> int:
     """Turn every packable nn.Linear of `model` into a PackedLinear in place (same module object,
-    same parameters, same outputs bit for bit); returns how many. Anything else (fp32, GPU,
-    trainable weights, no oneDNN bf16) is left as it is. Pack after the last `.to()`: the packed
-    copies do not follow the module to another device or dtype."""
-    if not packing_available():
-        return 0
+    same parameters; in bf16 the same outputs bit for bit); returns how many. Anything else (GPU,
+    trainable weights, other dtypes, bf16 without oneDNN bf16) is left as it is. Pack after the
+    last `.to()`: the packed copies do not follow the module to another device or dtype."""
     count = 0
     for module in model.modules():
         if can_pack(module):

@@ -3,7 +3,7 @@ side in one process: ms per step of one dynamic draft tree plus one commit of 1-
 tokens, the drafter's whole share of a speculative step, median over rounds interleaved across
 the modes (each mode on its own copy of the head):
   eager  - SpecDecoder on the head as loaded;
-  packed - its bf16 linear weights packed for oneDNN (draftsmith.packed), as eval decodes (the
+  packed - its linear weights packed for oneDNN (draftsmith.packed), as eval decodes (the
            target stays unpacked here: EAGLE-1's drafts through its lm_head would gain too);
   layer  - every draft decoder layer compiled whole (dynamic shapes; the KV cache append inside);
   parts  - the layers' pre/post-attention pieces and draft_logits compiled separately.

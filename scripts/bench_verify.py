@@ -5,8 +5,8 @@ one token through the model's own attention as `generate` runs it, median over r
 interleaved across the sizes (the order rotates per round). The cache is cut back to the prefix
 after every forward, so each one sees the same context. This is the cost side of the tree-size
 choice: a tree of N nodes pays off when tau grows faster than its forward's cost. Each forward
-runs on two copies of the target: `plain` as transformers loads it, `packed` with its bf16
-linear weights packed for oneDNN (draftsmith.packed, what eval decodes with; the same as plain
+runs on two copies of the target: `plain` as transformers loads it, `packed` with its bf16 or
+fp32 linear weights packed for oneDNN (draftsmith.packed, what eval decodes with; the same as plain
 where nothing can be packed). Writes JSON + a markdown table. Usage:
   python scripts/bench_verify.py [--sizes 1 4 8 12 16 20 24] [--context 300] [--rounds 20]
 """

@@ -1,5 +1,7 @@
-"""Packed bf16 linear weights (draftsmith.packed) change speed only: the same logits bit for bit,
-the same speculative output, the same parameters; fp32 and trainable layers are left alone."""
+"""Packed linear weights (draftsmith.packed) change speed only: in bf16 the same logits bit for
+bit, the same speculative output, the same parameters; in fp32 logits within rounding and
+speculative output equal to the packed target's own greedy output; trainable layers are left
+alone."""
 
 from __future__ import annotations
 
@@ -14,8 +16,12 @@ from draftsmith.inference.decoder import SpecDecoder, TreeSpec
 from draftsmith.packed import PackedLinear, pack_linears, packing_available
 from draftsmith.target import load_target
 
-pytestmark = pytest.mark.skipif(
-    not packing_available(), reason="no oneDNN bf16 kernels on this CPU build: nothing is packed"
+needs_bf16 = pytest.mark.skipif(
+    not packing_available(torch.bfloat16),
+    reason="no oneDNN bf16 kernels on this CPU build: nothing in bf16 is packed",
+)
+needs_fp32 = pytest.mark.skipif(
+    not packing_available(torch.float32), reason="no oneDNN in this torch build"
 )
 
 
@@ -23,6 +29,7 @@ def bf16_target(path: Path) -> nn.Module:
     return load_target(str(path), "bfloat16")
 
 
+@needs_bf16
 def test_packed_target_gives_the_same_logits(tiny_target_dir) -> None:
     plain, packed = bf16_target(tiny_target_dir), bf16_target(tiny_target_dir)
     linears = sum(type(m) is nn.Linear for m in plain.modules())
@@ -38,8 +45,9 @@ def test_packed_target_gives_the_same_logits(tiny_target_dir) -> None:
             assert torch.equal(plain(ids).logits, packed(ids).logits)
 
 
-def test_only_frozen_bf16_linears_are_packed(tiny_target_dir) -> None:
-    assert pack_linears(load_target(str(tiny_target_dir), "float32")) == 0
+@needs_bf16
+def test_only_frozen_linears_are_packed() -> None:
+    assert pack_linears(nn.Linear(8, 8).to(torch.float16).requires_grad_(False)) == 0
     trainable = nn.Linear(8, 8).to(torch.bfloat16)
     assert pack_linears(trainable) == 0 and type(trainable) is nn.Linear
     x = torch.randn(2, 3, 8, dtype=torch.bfloat16)
@@ -50,6 +58,7 @@ def test_only_frozen_bf16_linears_are_packed(tiny_target_dir) -> None:
     assert pack_linears(trainable) == 0  # packing twice is a no-op
 
 
+@needs_bf16
 def test_packed_speculative_output_is_unchanged(tiny_target_dir, tiny_tokenizer) -> None:
     outputs = []
     for pack in (False, True):
@@ -73,6 +82,7 @@ def test_packed_speculative_output_is_unchanged(tiny_target_dir, tiny_tokenizer)
     assert outputs[0] == outputs[1]
 
 
+@needs_bf16
 def test_packed_regeneration_gives_the_same_answers(tiny_target_dir, tiny_tokenizer) -> None:
     """prepare packs the target before regenerating answers: every engine answers alike."""
     from draftsmith.conf.schema import RegenConfig
@@ -85,3 +95,32 @@ def test_packed_regeneration_gives_the_same_answers(tiny_target_dir, tiny_tokeni
         regen = RegenConfig(max_new_tokens=10, engine=engine, batch_size=len(prompts))
         expected = generate_answers(plain, tiny_tokenizer, prompts, regen)
         assert generate_answers(packed, tiny_tokenizer, prompts, regen) == expected
+
+
+@needs_fp32
+def test_packed_fp32_target_is_lossless(tiny_target_dir, tiny_tokenizer) -> None:
+    """fp32 packs too (oneDNN's kernel, not MKL's sgemm): logits within rounding of the plain
+    target's, and at T=0 speculative output is the packed target's own greedy output."""
+    plain, packed = (load_target(str(tiny_target_dir), "float32") for _ in range(2))
+    linears = sum(type(m) is nn.Linear for m in plain.modules())
+    assert pack_linears(packed) == linears > 0
+    with torch.no_grad():
+        for rows in (1, 3, 16):
+            ids = torch.randint(0, plain.config.vocab_size, (2, rows))
+            torch.testing.assert_close(packed(ids).logits, plain(ids).logits, atol=1e-4, rtol=0)
+    torch.manual_seed(0)
+    head = build_head(
+        {"name": "eagle3", "draft_vocab_size": 128}, TargetInfo.from_hf_config(packed.config)
+    )
+    head = head.bind(TargetParts.from_model(packed)).eval().requires_grad_(False)
+    assert pack_linears(head)
+    prompt = tiny_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "why is the sky blue?"}],
+        add_generation_prompt=True,
+        return_dict=False,
+    )
+    greedy = packed.generate(torch.tensor([list(prompt)]), max_new_tokens=32, do_sample=False)
+    spec = TreeSpec(kind="dynamic", depth=3, top_k=3, total_tokens=8, lookup=3)
+    eos = {tiny_tokenizer.eos_token_id}
+    tokens, stats = SpecDecoder(packed, head, spec).generate(list(prompt), 32, eos_token_ids=eos)
+    assert tokens == greedy[0, len(prompt) :].tolist() and stats.forwards > 1
