@@ -8,11 +8,12 @@ product on them gives the same bits in less time: on SmolLM2's layer shapes (Zen
 ~26% less at 1 row and ~35% less at 16, none at collection's 4096 rows (`scripts/bench_verify.py`
 measures whole forwards both ways).
 In fp32 the plain `F.linear` runs MKL's sgemm, which repacks the weight for every call of more
-than one row: on an AVX2-only CPU (session 48) a SmolLM2 forward of 2 tokens cost 114 ms against
-74 for one. oneDNN's fp32 inner product on a packed weight is not bit-identical to MKL's sgemm
-(it differs within float rounding, as sgemm's own one-row and many-row kernels do), so in fp32 a
-packed model is a different-kernel copy of the target; every decoding method of an eval runs the
-same packed model, so speculative output is still compared with that model's own greedy output.
+than one row: on an AVX2-only CPU (session 48) a SmolLM2 forward of 2 tokens cost 101-114 ms
+against 63-74 for one (packed: 78 against 61). oneDNN's fp32 inner product on a packed weight
+is not bit-identical to MKL's sgemm (it differs within float rounding, as sgemm's own one-row and
+many-row kernels do), so in fp32 a packed model is a different-kernel copy of the target; every
+decoding method of an eval runs the same packed model, so speculative output is still compared
+with that model's own greedy output.
 The plain weight stays in place (tied embeddings, weight indexing and state dicts still read
 it), so a packed model holds its linear weights twice.
 """
