@@ -25,8 +25,31 @@ needs_fp32 = pytest.mark.skipif(
 )
 
 
+SPEC = TreeSpec(kind="dynamic", depth=3, top_k=3, total_tokens=8, lookup=3)
+
+
 def bf16_target(path: Path) -> nn.Module:
     return load_target(str(path), "bfloat16")
+
+
+def frozen_head(target: nn.Module) -> nn.Module:
+    """A seeded untrained EAGLE-3 head in the target's dtype, bound to it, frozen (packable)."""
+    torch.manual_seed(0)
+    head = build_head(
+        {"name": "eagle3", "draft_vocab_size": 128}, TargetInfo.from_hf_config(target.config)
+    )
+    head = head.to(target.dtype).bind(TargetParts.from_model(target)).eval()
+    return head.requires_grad_(False)
+
+
+def sky_prompt(tokenizer) -> list[int]:
+    return list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "why is the sky blue?"}],
+            add_generation_prompt=True,
+            return_dict=False,
+        )
+    )
 
 
 @needs_bf16
@@ -63,21 +86,10 @@ def test_packed_speculative_output_is_unchanged(tiny_target_dir, tiny_tokenizer)
     outputs = []
     for pack in (False, True):
         target = bf16_target(tiny_target_dir)
-        torch.manual_seed(0)
-        info = TargetInfo.from_hf_config(target.config)
-        head = build_head({"name": "eagle3", "draft_vocab_size": 128}, info)
-        head = head.to(torch.bfloat16).bind(TargetParts.from_model(target)).eval()
-        head.requires_grad_(False)
+        head = frozen_head(target)
         if pack:
             assert pack_linears(target) and pack_linears(head)
-        spec = TreeSpec(kind="dynamic", depth=3, top_k=3, total_tokens=8, lookup=3)
-        decoder = SpecDecoder(target, head, spec)
-        prompt = tiny_tokenizer.apply_chat_template(
-            [{"role": "user", "content": "why is the sky blue?"}],
-            add_generation_prompt=True,
-            return_dict=False,
-        )
-        tokens, stats = decoder.generate(list(prompt), 32)
+        tokens, stats = SpecDecoder(target, head, SPEC).generate(sky_prompt(tiny_tokenizer), 32)
         outputs.append((tokens, stats.forwards))
     assert outputs[0] == outputs[1]
 
@@ -108,19 +120,10 @@ def test_packed_fp32_target_is_lossless(tiny_target_dir, tiny_tokenizer) -> None
         for rows in (1, 3, 16):
             ids = torch.randint(0, plain.config.vocab_size, (2, rows))
             torch.testing.assert_close(packed(ids).logits, plain(ids).logits, atol=1e-4, rtol=0)
-    torch.manual_seed(0)
-    head = build_head(
-        {"name": "eagle3", "draft_vocab_size": 128}, TargetInfo.from_hf_config(packed.config)
-    )
-    head = head.bind(TargetParts.from_model(packed)).eval().requires_grad_(False)
+    head = frozen_head(packed)
     assert pack_linears(head)
-    prompt = tiny_tokenizer.apply_chat_template(
-        [{"role": "user", "content": "why is the sky blue?"}],
-        add_generation_prompt=True,
-        return_dict=False,
-    )
-    greedy = packed.generate(torch.tensor([list(prompt)]), max_new_tokens=32, do_sample=False)
-    spec = TreeSpec(kind="dynamic", depth=3, top_k=3, total_tokens=8, lookup=3)
+    prompt = sky_prompt(tiny_tokenizer)
+    greedy = packed.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
     eos = {tiny_tokenizer.eos_token_id}
-    tokens, stats = SpecDecoder(packed, head, spec).generate(list(prompt), 32, eos_token_ids=eos)
+    tokens, stats = SpecDecoder(packed, head, SPEC).generate(prompt, 32, eos_token_ids=eos)
     assert tokens == greedy[0, len(prompt) :].tolist() and stats.forwards > 1
