@@ -28,6 +28,7 @@ from draftsmith.inference.attention import (
     tree_masks,
 )
 from draftsmith.inference.cache import keep_accepted
+from draftsmith.inference.costs import adaptive_size, tree_forward_costs
 from draftsmith.inference.drafter import make_drafter
 from draftsmith.inference.lookup import prompt_lookup
 from draftsmith.inference.tree import (
@@ -52,6 +53,7 @@ class DecodeStats:
     new_tokens: int = 0
     verify_tokens: int = 0  # tokens produced by verification steps (excludes the prefill token)
     forwards: int = 0  # target verification forwards
+    nodes: int = 0  # tree nodes verified, root included, over all forwards
     accepted_at_depth: list[int] = field(default_factory=list)  # steps that accepted >= d drafts
     offered_at_depth: list[int] = field(default_factory=list)  # steps whose tree reached depth d
     draft_seconds: float = 0.0  # building the draft tree
@@ -73,6 +75,7 @@ class DecodeStats:
             "new_tokens",
             "verify_tokens",
             "forwards",
+            "nodes",
             *(f"{part}_seconds" for part in STEP_PARTS),
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -115,9 +118,21 @@ class SpecDecoder:
             depth = self.static.max_depth
         else:
             self.static = None
+        # tree.adaptive: ms per forward of 1..total_tokens nodes, and the decoder's running
+        # tokens and ms over its steps (the rate a node must beat), starting from one plain
+        # forward's worth
+        self.costs: torch.Tensor | None = None
+        if tree.adaptive:
+            self.measure_costs()
         limit = getattr(self.drafter, "max_depth", None)
         if limit is not None and depth is not None and depth > limit:
             raise ValueError(f"tree depth {depth} exceeds the {head.name} head's {limit} heads")
+
+    def measure_costs(self) -> None:
+        """Time the target's tree forward per size on this machine (`tree.adaptive`); again
+        after anything that changes its speed, such as compiling it."""
+        self.costs = tree_forward_costs(self.target, self.spec.attention, self.spec.total_tokens)
+        self.produced, self.spent = 1.0, float(self.costs[0])
 
     def build_tree(
         self, root: int, context: list[int] | None = None, draws: Draws | None = None
@@ -154,6 +169,14 @@ class SpecDecoder:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         sampling = sampling or Sampling()
+        draws = self.draws(sampling, generator)
+        if self.costs is not None and draws.sampled:
+            raise ValueError(
+                "tree.adaptive=true sizes each tree by the scores of all its nodes, which with "
+                "drawn children depend on what was drawn (recursive rejection sampling would no "
+                "longer be exact); at temperature > 0 set tree.sample_drafts=false (top-k "
+                "children) or tree.adaptive=false"
+            )
         eos = set(eos_token_ids or ())
         stats = DecodeStats()
         device = next(self.target.parameters()).device
@@ -174,7 +197,6 @@ class SpecDecoder:
                 capture.hidden, capture.aux, torch.tensor([[*prompt[1:], root]], device=device)
             )
             generated = [root]
-            draws = self.draws(sampling, generator)
             if on_tokens:
                 on_tokens([root])
             n = len(prompt)
@@ -183,6 +205,9 @@ class SpecDecoder:
                 # the context is copied for the lookup branch only: no per-step work without it
                 context = [*prompt, *generated] if self.spec.lookup else None
                 tree = self.build_tree(root, context, draws)
+                if self.costs is not None:
+                    rate = self.produced / self.spent  # tokens per ms so far
+                    tree = tree.best(adaptive_size(tree.scores, self.costs, rate))
                 t1 = clock()
                 mask = tree_masks(
                     self.windows,
@@ -217,7 +242,11 @@ class SpecDecoder:
                 stats.accept_seconds += t3 - t2
                 stats.commit_seconds += t4 - t3
                 stats.forwards += 1
+                stats.nodes += tree.size
                 stats.verify_tokens += len(new)
+                if self.costs is not None:
+                    self.produced += len(new)
+                    self.spent += (t4 - t0) * 1e3
                 _count_depths(stats, tree.depth, len(path) - 1)
                 n += len(path)
                 root = bonus

@@ -227,6 +227,9 @@ def evaluate(cfg: Config) -> dict[str, dict]:
         first = chat_prompt(tokenizer, conversations[0][0])
         for method in tqdm(methods, desc="compile (untimed warm-up)", unit="method"):
             decode(method, first, cfg.seed)
+        for c in contenders:
+            if c.decoder.costs is not None:
+                c.decoder.measure_costs()  # the compiled forward's costs size the trees
     seconds = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)
     prompts = 0
@@ -304,6 +307,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             **{f"{part}_seconds": getattr(stats, f"{part}_seconds") for part in STEP_PARTS},
             "verify_seconds": stats.verify_seconds,
             "verify_forwards": stats.forwards,
+            "nodes_per_forward": stats.nodes / max(stats.forwards, 1),
             "mismatch": {
                 "checked": sampling.greedy and "vanilla" in e.baselines,
                 "prompts": len(c.mismatches),
@@ -339,6 +343,8 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
     tag = cfg.eval.tag or f"{bench}-{t.kind}-d{t.depth}-k{t.top_k}-n{t.total_tokens}"
     if t.lookup and not cfg.eval.tag:
         tag += f"-lookup{t.lookup}"
+    if t.adaptive and not cfg.eval.tag:
+        tag += "-adaptive"
     if cfg.eval.turns == "all" and not cfg.eval.tag:
         tag += "-allturns"
     if cfg.eval.temperature > 0 and t.sample_drafts and not cfg.eval.tag:

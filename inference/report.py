@@ -38,7 +38,11 @@ def results_markdown(r: dict) -> str:
         f"{r['prompts']} prompts, {r['eval']['max_new_tokens']} new tokens, "
         f"T={r['eval']['temperature']}, {r['machine']['dtype']}, tree {r['tree']['kind']} "
         f"(depth {r['tree']['depth']}, top-k {r['tree']['top_k']}, "
-        f"{r['tree']['total_tokens']} nodes"
+        + (
+            f"adaptive, up to {r['tree']['total_tokens']} nodes"
+            if r["tree"].get("adaptive")
+            else f"{r['tree']['total_tokens']} nodes"
+        )
         + (f", prompt-lookup branch of {r['tree']['lookup']}" if r["tree"].get("lookup") else "")
         + ")",
         "",
@@ -71,9 +75,11 @@ def step_milliseconds(r: dict) -> str:
         return ""
     parts = (*STEP_PARTS, "verify")
     ms = {k: 1000 * r[f"{k}_seconds"] / max(r["verify_forwards"], 1) for k in parts}
+    nodes = f"{r['nodes_per_forward']:.1f} nodes, " if "nodes_per_forward" in r else ""
     return (
-        f"Per step: draft {ms['draft']:.1f} ms, verify {ms['verify']:.1f} ms (target forward "
-        f"{ms['forward']:.1f}, accept + cache {ms['accept']:.1f}, head commit {ms['commit']:.1f})."
+        f"Per step: {nodes}draft {ms['draft']:.1f} ms, verify {ms['verify']:.1f} ms "
+        f"(target forward {ms['forward']:.1f}, accept + cache {ms['accept']:.1f}, "
+        f"head commit {ms['commit']:.1f})."
     )
 
 

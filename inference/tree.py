@@ -52,6 +52,9 @@ class Tree:
     depths: torch.Tensor  # [N] root = 0
     ancestors: torch.Tensor  # [N, N] bool, ancestors[i, j] = j is i or an ancestor of i
     proposals: Proposals | None = None  # sampled trees only
+    # [N] dynamic trees: each node's cumulative draft log-prob, +inf on a grafted chain's path
+    # (always kept)
+    scores: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -69,6 +72,16 @@ class Tree:
         index = (on_path[:, None, :] & by_depth[None]).float().argmax(-1)  # [F, d+1]
         return self.tokens[index]
 
+    def best(self, n: int) -> Tree:
+        """The root and the n - 1 best-scoring nodes (dynamic trees). A child never outscores
+        its parent and the stable sort ranks the lower index (an ancestor) first among equal
+        scores, so the kept set is closed under ancestors."""
+        if self.scores is None:
+            raise ValueError("only a dynamic tree's nodes carry scores to keep the best by")
+        order = torch.sort(-self.scores[1:], stable=True).indices + 1
+        keep = torch.cat([torch.zeros(1, dtype=torch.long), order[: n - 1].sort().values])
+        return self.select(keep)
+
     def select(self, keep: torch.Tensor) -> Tree:
         """Sub-tree of nodes `keep` (ascending, closed under ancestors), re-indexed."""
         remap = torch.full((self.size,), -1, dtype=torch.long)
@@ -76,8 +89,14 @@ class Tree:
         parents = self.parents[keep]
         parents = torch.where(parents >= 0, remap[parents.clamp_min(0)], parents)
         proposals = None if self.proposals is None else self.proposals.select(keep)
+        scores = None if self.scores is None else self.scores[keep]
         return Tree(
-            self.tokens[keep], parents, self.depths[keep], self.ancestors[keep][:, keep], proposals
+            self.tokens[keep],
+            parents,
+            self.depths[keep],
+            self.ancestors[keep][:, keep],
+            proposals,
+            scores,
         )
 
 
@@ -138,6 +157,10 @@ class TreeSpec:
     # at temperature > 0: draw each node's children from the head's distribution (without
     # replacement; verified by recursive rejection sampling) instead of taking its top k
     sample_drafts: bool = True
+    # dynamic trees at T=0 (or top-k children): verify, per step, only the best nodes worth
+    # their share of the forward's cost on this machine (measured when the decoder is built;
+    # inference/costs.py), up to total_tokens
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("dynamic", "static", "chain"):
@@ -147,6 +170,11 @@ class TreeSpec:
         for name, least in (("depth", 1), ("top_k", 1), ("total_tokens", 2)):  # 2: root + a draft
             if getattr(self, name) < least:
                 raise ValueError(f"tree.{name}={getattr(self, name)}: expected >= {least}")
+        if self.adaptive and self.kind != "dynamic":
+            raise ValueError(
+                f"tree.adaptive=true sizes dynamic trees (their nodes carry draft scores); "
+                f"tree.kind={self.kind!r}"
+            )
         if self.lookup < 0 or (self.kind == "dynamic" and self.lookup >= self.total_tokens - 1):
             raise ValueError(
                 f"tree.lookup={self.lookup}: expected >= 0, and for a dynamic tree fewer than "
@@ -263,10 +291,8 @@ def build_dynamic_tree(
         full, leaf = graft_chain(full, chain)
         scores = torch.cat([scores, scores.new_zeros(full.size - scores.numel())])
         scores = scores.masked_fill(full.ancestors[leaf], float("inf"))  # the chain ranks first
-    # stable sort: among equal scores the lower index (an ancestor, if any) ranks first
-    order = torch.sort(-scores[1:], stable=True).indices + 1
-    keep = torch.cat([torch.zeros(1, dtype=torch.long), order[: total_tokens - 1].sort().values])
-    return full.select(keep)
+    full.scores = scores
+    return full.best(total_tokens)
 
 
 def _follow_chain(tree: _Builder, node: int, chain: torch.Tensor | None, level: int) -> int:

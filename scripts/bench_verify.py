@@ -15,32 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
-from draftsmith.inference.attention import tree_attention, tree_mask
+from draftsmith.inference.attention import tree_attention
+from draftsmith.inference.costs import forward_ms
 from draftsmith.packed import pack_linears
 from draftsmith.target import cache_kwarg, load_target, native_dtype
-
-
-def forward_ms(target, cache: DynamicCache, context: int, size: int, tree: bool) -> float:
-    """One forward of `size` tokens after the `context` cached ones, in ms; the cache is cut
-    back to `context` afterwards."""
-    ids = torch.randint(0, min(40000, target.config.vocab_size), (1, size))  # [1, N]
-    kwargs = {cache_kwarg(target): cache, "use_cache": True}
-    if tree:
-        chain = torch.ones(size, size, dtype=torch.bool).tril()
-        kwargs["attention_mask"] = tree_mask(chain, context, "sdpa", target.dtype)  # as decoded
-        kwargs["position_ids"] = torch.arange(context, context + size)[None]
-    t0 = time.perf_counter()
-    target(input_ids=ids, **kwargs)
-    seconds = time.perf_counter() - t0
-    cache.crop(-size)  # transformers 5: a negative count of tokens to drop
-    assert cache.get_seq_length() == context, "the cache did not go back to the prefix"
-    return seconds * 1e3
 
 
 def main() -> None:
@@ -71,10 +54,10 @@ def main() -> None:
             for mode, f in methods[r % len(methods) :] + methods[: r % len(methods)]:
                 target, cache = targets[mode], caches[mode]
                 if f == "vanilla":
-                    ms = forward_ms(target, cache, args.context, 1, tree=False)
+                    ms = forward_ms(target, cache, args.context, 1)
                 else:
                     with tree_attention(target, "sdpa"):
-                        ms = forward_ms(target, cache, args.context, int(f.split()[1]), tree=True)
+                        ms = forward_ms(target, cache, args.context, int(f.split()[1]), "sdpa")
                 if r:
                     times[mode, f].append(ms)
     median = {m: sorted(t)[len(t) // 2] for m, t in times.items()}

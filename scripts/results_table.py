@@ -78,6 +78,8 @@ def run_rows(run: Path) -> Tables:
         tree = f"{t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']}"
         if t.get("lookup"):  # a prompt-lookup branch of that many tokens was grafted in
             tree += f" +lookup{t['lookup']}"
+        if t.get("adaptive"):  # per-step sizes, ~this many nodes per forward on average
+            tree += f" adaptive~{r['nodes_per_forward']:.1f}"
         if t.get("min_prob"):  # session 32's path-probability cut (not kept)
             tree += f" p{t['min_prob']:g}"
         if t.get("rank_temperature", 1.0) != 1.0:  # session 29's ranking experiment (not kept)

@@ -33,6 +33,10 @@ TREES = {
     # a prompt-lookup branch grafted in (the tiny target loops, so it is often accepted)
     "dynamic+lookup": TreeSpec(kind="dynamic", depth=4, top_k=3, total_tokens=10, lookup=4),
     "static+lookup": TreeSpec(kind="static", depth=3, top_k=3, total_tokens=9, lookup=3),
+    # per-step sizes from this machine's measured forward costs
+    "dynamic+lookup+adaptive": TreeSpec(
+        kind="dynamic", depth=4, top_k=3, total_tokens=10, lookup=4, adaptive=True
+    ),
 }
 
 
@@ -288,6 +292,37 @@ def test_stops_at_an_eos_accepted_inside_a_draft(tiny_target, references) -> Non
     assert stats.tau > 1.0  # the drafts really were accepted
 
 
+def test_adaptive_trees_follow_the_forward_costs(tiny_target, tiny_tokenizer, references) -> None:
+    """`tree.adaptive` verifies every node when nodes cost nothing (the same steps as the fixed
+    tree), only the root when a second node costs more than any step produces (plain decoding,
+    one token per forward), and stays exact either way."""
+    spec = TreeSpec(kind="dynamic", depth=4, top_k=3, total_tokens=10, adaptive=True)
+    head = untrained("eagle3", tiny_target)
+    decoder = SpecDecoder(tiny_target, head, spec)
+    assert decoder.costs.shape == (10,) and bool((decoder.costs > 0).all())
+    assert bool((decoder.costs.diff() >= 0).all())  # a bigger tree never priced below
+    fixed = SpecDecoder(tiny_target, head, replace(spec, adaptive=False))
+    eos = {tiny_tokenizer.eos_token_id}
+    prompt, expected = references[0]
+    decoder.costs = torch.ones(10)
+    out, stats = decoder.generate(prompt, 48, eos_token_ids=eos)
+    ref_out, ref_stats = fixed.generate(prompt, 48, eos_token_ids=eos)
+    assert out == ref_out == expected
+    assert (stats.forwards, stats.nodes) == (ref_stats.forwards, ref_stats.nodes)
+    assert stats.nodes == 10 * stats.forwards  # every tree whole
+    decoder.costs = torch.tensor([1.0] + [1e9] * 9)
+    out, stats = decoder.generate(prompt, 48, eos_token_ids=eos)
+    assert out == expected
+    assert stats.nodes == stats.forwards and stats.tau == 1.0
+
+
+def test_adaptive_trees_refuse_drawn_children(tiny_target) -> None:
+    spec = TreeSpec(kind="dynamic", depth=3, top_k=2, total_tokens=6, adaptive=True)
+    decoder = SpecDecoder(tiny_target, untrained("eagle1", tiny_target), spec)
+    with pytest.raises(ValueError, match="tree.sample_drafts=false"):
+        decoder.generate([1, 2, 3], 4, Sampling(temperature=1.0))
+
+
 @pytest.mark.parametrize("tree", ["dynamic+lookup", "static+lookup"])
 @pytest.mark.parametrize("name", list(HEADS))
 def test_every_head_samples_with_drawn_trees(name, tree, tiny_target, tiny_tokenizer) -> None:
@@ -316,6 +351,9 @@ SAMPLING_TREES = {
     "dynamic, top-k": TreeSpec(
         kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2, sample_drafts=False
     ),
+    "dynamic, top-k, adaptive": TreeSpec(
+        kind="dynamic", depth=2, top_k=2, total_tokens=5, sample_drafts=False, adaptive=True
+    ),
 }
 
 
@@ -340,6 +378,11 @@ def test_sampling_keeps_the_target_distribution(tree: str) -> None:
         target.lm_head.weight.mul_(8.0)  # peaked but not degenerate distributions
     head = untrained("eagle1", target)
     decoder = SpecDecoder(target, head, SAMPLING_TREES[tree])
+    if decoder.costs is not None:
+        # each node costs 1 ms at a rate held at 0.2 tokens per ms: a step keeps the nodes the
+        # head gives >= 0.2, a size that varies from step to step (timing plays no part)
+        decoder.costs = torch.arange(1.0, 6.0)
+        decoder.produced, decoder.spent = 2e8, 1e9
     sampling = Sampling(temperature=0.9, top_k=6)
     prompt = [1, 5, 2]
 
@@ -355,9 +398,13 @@ def test_sampling_keeps_the_target_distribution(tree: str) -> None:
     g = torch.Generator().manual_seed(1)
     counts = torch.zeros(8, 8)
     draws = 3000
+    sizes = []  # nodes per forward of each decode
     for _ in range(draws):
-        out, _ = decoder.generate(prompt, 3, sampling, generator=g)
+        out, stats = decoder.generate(prompt, 3, sampling, generator=g)
         counts[out[1], out[2]] += 1
+        sizes.append(stats.nodes / stats.forwards)
+    if decoder.costs is not None:  # the adaptive sizes really differed
+        assert len(set(sizes)) > 1 and 1.0 < sum(sizes) / len(sizes) < 5.0
     expected = joint * draws
     keep = expected >= 5
     chi2 = (((counts - expected) ** 2 / expected.clamp_min(1e-9))[keep]).sum()

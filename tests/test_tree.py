@@ -17,6 +17,7 @@ from draftsmith.inference.attention import (
     tree_mask,
 )
 from draftsmith.inference.cache import keep_accepted
+from draftsmith.inference.costs import adaptive_size
 from draftsmith.inference.tree import (
     Draws,
     StaticTree,
@@ -117,6 +118,32 @@ def test_dynamic_tree_keeps_best_paths() -> None:
     assert sorted(tree.tokens[1:].tolist()) == sorted(ex.root_logprobs().topk(4).indices.tolist())
 
 
+@pytest.mark.parametrize("chain", [None, torch.tensor([5, 1, 7])])
+def test_best_nodes_of_a_tree_are_the_smaller_budget_tree(chain) -> None:
+    """Cutting a built tree to its n best nodes (`tree.adaptive`) gives the tree a budget of n
+    builds, chain included: a closed sub-tree, the same nodes."""
+    for n in (4, 5, 7, 9):
+        big = build_dynamic_tree(RandomExpander(scale=2.0), 3, 4, 3, 12, chain)
+        small = build_dynamic_tree(RandomExpander(scale=2.0), 3, 4, 3, n, chain)
+        cut = big.best(n)
+        check_invariants(cut)
+        for field in ("tokens", "parents", "depths", "ancestors", "scores"):
+            assert torch.equal(getattr(cut, field), getattr(small, field)), (n, field)
+
+
+def test_adaptive_size_trades_expected_tokens_against_forward_cost() -> None:
+    # nodes the head gives 0.9, 0.5 and 0.1 (any order); 2 nodes cost what 3 do
+    scores = torch.tensor([0.0, 0.1, 0.9, 0.5]).log()
+    costs = torch.tensor([10.0, 20.0, 20.0, 40.0])
+    # at 0.02 tokens/ms: 1 node -0.2, 2: 0.9 - 0.4, 3: 1.4 - 0.4 (best), 4: 1.5 - 0.8
+    assert adaptive_size(scores, costs, 0.02) == 3
+    assert adaptive_size(scores, costs, 0.0) == 4  # free nodes: all of them
+    assert adaptive_size(scores, costs, 1.0) == 1  # nothing is worth a ms
+    # a grafted chain's nodes (+inf) stay whatever they cost
+    chained = torch.tensor([float("inf"), float("inf"), 0.9, 0.5]).log()  # as built: root too
+    assert adaptive_size(chained, torch.tensor([10.0, 20.0, 30.0, 40.0]), 1.0) == 2
+
+
 def test_static_trees() -> None:
     ex = RandomExpander()
     chain = StaticTree(chain_choices(4)).build(ex, 3)
@@ -134,7 +161,14 @@ def test_static_trees() -> None:
 
 @pytest.mark.parametrize(
     "setting",
-    [{"depth": 0}, {"top_k": 0}, {"total_tokens": 1}, {"kind": "wide"}, {"attention": "xformers"}],
+    [
+        {"depth": 0},
+        {"top_k": 0},
+        {"total_tokens": 1},
+        {"kind": "wide"},
+        {"attention": "xformers"},
+        {"adaptive": True, "kind": "static"},  # only dynamic trees score their nodes
+    ],
 )
 def test_tree_spec_refuses_settings_that_cannot_draft(setting: dict) -> None:
     # a zero depth or width used to decode at tau 1 (or fail deep in the drafter)
