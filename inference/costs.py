@@ -10,12 +10,26 @@ are measured, not assumed: after a `context`-token prefix, median over interleav
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache
 
 from draftsmith.inference.attention import attention_windows, tree_attention, tree_masks
 from draftsmith.target import cache_kwarg
+
+
+def clock(device: torch.device) -> Callable[[], float]:
+    """perf_counter, after waiting for queued CUDA work (kernels run asynchronously, so an
+    unsynchronised clock would bill the forward to whichever part next reads a result)."""
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def synced() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return synced
 
 
 def forward_ms(
@@ -43,11 +57,10 @@ def forward_ms(
         else:
             kwargs["attention_mask"] = masks.to(device)
         kwargs["position_ids"] = (context + depths)[None].to(device)
-    _sync(device)
-    t0 = time.perf_counter()
+    timer = clock(device)
+    t0 = timer()
     target(input_ids=ids, **kwargs)
-    _sync(device)
-    seconds = time.perf_counter() - t0
+    seconds = timer() - t0
     cache.crop(-size)  # transformers 5: a negative count of tokens to drop
     if cache.get_seq_length() != context:
         raise RuntimeError("the cache did not go back to the prefix")
@@ -88,11 +101,10 @@ def adaptive_size(scores: torch.Tensor, costs: torch.Tensor, rate: float) -> int
     A node's exp(score), the product of its path's draft probabilities, estimates the chance
     that the target accepts it (EAGLE-2's argument; measured for `qa48`'s head in fp32: nodes
     predicted 0.03 / 0.14 / 0.28 / 0.52 / 0.82 were accepted 0.03 / 0.13 / 0.29 / 0.51 / 0.72 of
-    the time),
-    so the best n - 1 nodes are expected to add the sum of theirs. With `rate` the decoder's
-    tokens per ms, a node is worth its share of the forward's cost when it adds more than that
-    time would produce at the running rate (Dinkelbach: maximising the long-run rate, not each
-    step's). A grafted chain's nodes (+inf) are always kept."""
+    the time), so the best n - 1 nodes are expected to add the sum of theirs. With `rate` the
+    decoder's tokens per ms, a node is worth its share of the forward's cost when it adds more
+    than that time would produce at the running rate (Dinkelbach: maximising the long-run rate,
+    not each step's). A grafted chain's nodes (+inf) are always kept."""
     n = scores.numel()
     chain = int(scores[1:].isinf().sum())  # [N-1] scores after the root; the chain's come first
     values = scores[1:][scores[1:].isfinite()].exp().sort(descending=True).values  # [N-1-C]
@@ -100,10 +112,3 @@ def adaptive_size(scores: torch.Tensor, costs: torch.Tensor, rate: float) -> int
     objective = gain - rate * costs[:n].to(gain.dtype)
     objective[:chain] = float("-inf")  # fewer nodes than the root and the chain
     return int(objective.argmax()) + 1
-
-
-def _sync(device: torch.device) -> None:
-    """Wait for queued CUDA work: kernels run asynchronously, an unsynchronised clock would
-    time the launch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

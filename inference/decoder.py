@@ -12,7 +12,6 @@ first token comes from the prefill and is counted in neither.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
@@ -28,7 +27,7 @@ from draftsmith.inference.attention import (
     tree_masks,
 )
 from draftsmith.inference.cache import keep_accepted
-from draftsmith.inference.costs import adaptive_size, tree_forward_costs
+from draftsmith.inference.costs import adaptive_size, clock, tree_forward_costs
 from draftsmith.inference.drafter import make_drafter
 from draftsmith.inference.lookup import prompt_lookup
 from draftsmith.inference.tree import (
@@ -180,7 +179,7 @@ class SpecDecoder:
         eos = set(eos_token_ids or ())
         stats = DecodeStats()
         device = next(self.target.parameters()).device
-        clock = _clock(device)
+        timer = clock(device)
         # full layers everywhere: compaction indexes absolute positions, which a sliding-window
         # layer's cache (keeping only its last keys) does not hold; the masks apply the windows
         cache = DynamicCache()
@@ -201,14 +200,14 @@ class SpecDecoder:
                 on_tokens([root])
             n = len(prompt)
             while len(generated) < max_new_tokens and root not in eos:
-                t0 = clock()
+                t0 = timer()
                 # the context is copied for the lookup branch only: no per-step work without it
                 context = [*prompt, *generated] if self.spec.lookup else None
                 tree = self.build_tree(root, context, draws)
                 if self.costs is not None:
                     rate = self.produced / self.spent  # tokens per ms so far
                     tree = tree.best(adaptive_size(tree.scores, self.costs, rate))
-                t1 = clock()
+                t1 = timer()
                 mask = tree_masks(
                     self.windows,
                     tree.ancestors,
@@ -224,19 +223,19 @@ class SpecDecoder:
                     **kv,
                     use_cache=True,
                 )
-                t2 = clock()
+                t2 = timer()
                 # in the target's dtype: greedy picks are the same in bf16 (0.1 ms less per step)
                 # and sampling converts to fp32 itself
                 path, bonus = accept(tree, out.logits[0].cpu(), sampling, generator)
                 keep_accepted(cache, n, path.to(device))
                 new = [*tree.tokens[path[1:]].tolist(), bonus]
-                t3 = clock()
+                t3 = timer()
                 self.drafter.commit(
                     capture.hidden[:, path],
                     None if capture.aux is None else capture.aux[:, path],
                     torch.tensor([new], device=device),
                 )
-                t4 = clock()
+                t4 = timer()
                 stats.draft_seconds += t1 - t0
                 stats.forward_seconds += t2 - t1
                 stats.accept_seconds += t3 - t2
@@ -268,19 +267,6 @@ def _to(
     if isinstance(mask, dict):
         return {layer_type: m.to(device) for layer_type, m in mask.items()}
     return mask.to(device)
-
-
-def _clock(device: torch.device) -> Callable[[], float]:
-    """perf_counter, after waiting for queued CUDA work (kernels run asynchronously, so an
-    unsynchronised clock would bill the forward to whichever part next reads a result)."""
-    if device.type != "cuda":
-        return time.perf_counter
-
-    def synced() -> float:
-        torch.cuda.synchronize(device)
-        return time.perf_counter()
-
-    return synced
 
 
 def _count_depths(stats: DecodeStats, tree_depth: int, accepted: int) -> None:

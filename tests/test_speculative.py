@@ -348,11 +348,16 @@ def test_every_head_samples_with_drawn_trees(name, tree, tiny_target, tiny_token
 SAMPLING_TREES = {
     "dynamic, drawn": TreeSpec(kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2),
     "static, drawn": TreeSpec(kind="static", depth=2, top_k=2, total_tokens=6, lookup=2),
-    "dynamic, top-k": TreeSpec(
-        kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2, sample_drafts=False
-    ),
+    # sized per step (`tree.adaptive`): 1 to 4 of its 5 nodes, the root alone, the branch
+    # alone, the head's best nodes beside it
     "dynamic, top-k, adaptive": TreeSpec(
-        kind="dynamic", depth=2, top_k=2, total_tokens=5, sample_drafts=False, adaptive=True
+        kind="dynamic",
+        depth=2,
+        top_k=2,
+        total_tokens=5,
+        lookup=2,
+        sample_drafts=False,
+        adaptive=True,
     ),
 }
 
@@ -361,8 +366,9 @@ SAMPLING_TREES = {
 def test_sampling_keeps_the_target_distribution(tree: str) -> None:
     """Joint law of the second and third generated tokens (the first verified ones: a root
     child, then a depth-2 node or the next step's root child) on an 8-token vocabulary, against
-    the exact target probabilities, for drawn and top-k children. A prompt-lookup branch joins
-    the tree when the context repeats a token, so draws with and without it are in the sample."""
+    the exact target probabilities, for drawn children and for top-k ones in trees sized per
+    step. A prompt-lookup branch joins the tree when the context repeats a token, so draws with
+    and without it are in the sample."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=8,
