@@ -121,6 +121,7 @@ class SpecDecoder:
         # tokens and ms over its steps (the rate a node must beat), starting from one plain
         # forward's worth
         self.costs: torch.Tensor | None = None
+        self.produced, self.spent = 0.0, 0.0
         if tree.adaptive:
             self.measure_costs()
         limit = getattr(self.drafter, "max_depth", None)
