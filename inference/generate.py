@@ -108,8 +108,11 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
         "tau": stats.tau,
         "depth_acceptance": stats.depth_acceptance(),
         "draft_vocab_size": 0 if vocab is None else vocab.numel(),
+        "nodes_per_forward": stats.nodes / max(stats.forwards, 1),
     }
     cut = "" if vocab is None else f", drafting over {vocab.numel()} tokens"
+    if cfg.tree.adaptive:
+        cut += f", adaptive: {result['nodes_per_forward']:.1f} nodes per forward"
     lines = [
         f"{len(tokens)} tokens in {seconds:.2f} s ({result['tokens_per_second']:.1f} tokens/s), "
         f"tau {stats.tau:.2f} over {stats.forwards} verification forwards ({head.name} head, "

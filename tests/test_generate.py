@@ -39,6 +39,14 @@ def test_streams_the_targets_greedy_output(head_dir: Path, tiny_tokenizer) -> No
     assert "tau" in printed and "identical to the target's own greedy output" in printed
 
 
+def test_adaptive_tree_decodes_exactly_and_reports_its_sizes(head_dir: Path) -> None:
+    out = io.StringIO()
+    adaptive = overrides(head_dir, "generate.compare=true", "tree.adaptive=true")
+    result = generate.run(compose(adaptive), out=out)
+    assert result["identical"] and 1.0 <= result["nodes_per_forward"] <= 16.0
+    assert f"adaptive: {result['nodes_per_forward']:.1f} nodes per forward" in out.getvalue()
+
+
 def test_sampled_decoding_is_seeded(head_dir: Path) -> None:
     sampled = overrides(head_dir, "generate.temperature=0.8", "generate.top_p=0.9")
     first = generate.run(compose(sampled), out=io.StringIO())
