@@ -65,6 +65,10 @@ class DecodeStats:
         return self.verify_tokens / max(self.forwards, 1)
 
     @property
+    def nodes_per_forward(self) -> float:
+        return self.nodes / max(self.forwards, 1)
+
+    @property
     def verify_seconds(self) -> float:
         """The rest of a step after drafting: forward, acceptance and the head's commit."""
         return self.forward_seconds + self.accept_seconds + self.commit_seconds

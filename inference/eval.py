@@ -307,7 +307,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             **{f"{part}_seconds": getattr(stats, f"{part}_seconds") for part in STEP_PARTS},
             "verify_seconds": stats.verify_seconds,
             "verify_forwards": stats.forwards,
-            "nodes_per_forward": stats.nodes / max(stats.forwards, 1),
+            "nodes_per_forward": stats.nodes_per_forward,
             "mismatch": {
                 "checked": sampling.greedy and "vanilla" in e.baselines,
                 "prompts": len(c.mismatches),

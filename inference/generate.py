@@ -108,7 +108,7 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
         "tau": stats.tau,
         "depth_acceptance": stats.depth_acceptance(),
         "draft_vocab_size": 0 if vocab is None else vocab.numel(),
-        "nodes_per_forward": stats.nodes / max(stats.forwards, 1),
+        "nodes_per_forward": stats.nodes_per_forward,
     }
     cut = "" if vocab is None else f", drafting over {vocab.numel()} tokens"
     if cfg.tree.adaptive:
