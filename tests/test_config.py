@@ -132,6 +132,26 @@ def test_auto_dtype_is_bf16_only_where_the_hardware_has_it(monkeypatch) -> None:
     assert compose(["experiment=quick"]).dtype == "bfloat16"
 
 
+def test_quick_takes_less_data_where_it_computes_in_fp32(monkeypatch) -> None:
+    """`${by_dtype:A,B}` keeps experiment=quick within its minutes on an AVX2-only CPU, where
+    fp32 forwards cost 3-8x; its other heads follow, and an override still wins."""
+    import torch
+
+    def budget(*overrides: str) -> tuple[int | None, int | None]:
+        data = compose(["experiment=quick", *overrides]).data
+        return data.limit, data.regen.rows
+
+    assert budget("dtype=bfloat16") == (800, 8)
+    assert budget("dtype=float32") == (160, 2)
+    assert budget("dtype=auto", "device=cuda") == (800, 8)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    assert budget("dtype=auto") == (160, 2)
+    assert budget("data.limit=50") == (50, 2)
+    hydra = compose(["experiment=quick_hydra", "dtype=float32"])
+    assert hydra.data == compose(["experiment=quick", "dtype=float32"]).data
+
+
 def test_eval_folder_names_the_settings_and_stays_under_the_run() -> None:
     from draftsmith.inference.eval import eval_tag
 
