@@ -8,15 +8,18 @@ vanilla token for token; each divergence is reported with the target's top-2 log
 starts. Tau is also reported per prompt and, where the benchmark's rows name one (MT-bench's
 eight), per category. `eval.turns=all` decodes every user turn of a conversation (MT-bench's
 second turns, as EAGLE's MT-bench numbers do), each method answering after its own earlier
-answers; the goals' protocol is the first turns alone.
+answers; the goals' protocol is the first turns alone. A tau-only eval (no baselines) can split
+its conversations among `eval.workers` processes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import platform
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,27 +152,61 @@ class _Contender:
     head_path: str
     decoder: SpecDecoder
     draft_vocab: int  # 0 = the head's own vocabulary
-    stats: DecodeStats = field(default_factory=DecodeStats)
-    by_category: dict[str, DecodeStats] = field(default_factory=dict)
-    per_prompt: list[dict] = field(default_factory=list)
+    # (conversation index, turn, category, statistics) per decoded prompt
+    records: list[tuple[int, int, str, DecodeStats]] = field(default_factory=list)
     mismatches: list[dict] = field(default_factory=list)
     # greedy prompts decoded from the same context as vanilla's (all turns of a conversation up
     # to the first that follows a diverged answer)
     compared: int = 0
 
-    def record(self, stats: DecodeStats, category: str, turn: int) -> None:
-        """One decoded prompt's statistics, overall, by category and per prompt."""
-        self.stats.add(stats)
-        self.by_category.setdefault(category, DecodeStats()).add(stats)
-        self.per_prompt.append(
-            {
-                "category": category,
-                "turn": turn,
-                "tokens": stats.new_tokens,
-                "forwards": stats.forwards,
-                "tau": stats.tau,
-            }
-        )
+    def totals(self) -> tuple[DecodeStats, dict[str, DecodeStats], list[dict]]:
+        """Statistics overall, by category and per prompt (in benchmark order: the workers of
+        `eval.workers` return theirs out of order)."""
+        stats, by_category, per_prompt = DecodeStats(), {}, []
+        for _, turn, category, prompt in sorted(self.records, key=lambda r: r[:2]):
+            stats.add(prompt)
+            by_category.setdefault(category, DecodeStats()).add(prompt)
+            per_prompt.append(
+                {
+                    "category": category,
+                    "turn": turn,
+                    "tokens": prompt.new_tokens,
+                    "forwards": prompt.forwards,
+                    "tau": prompt.tau,
+                }
+            )
+        return stats, by_category, per_prompt
+
+
+@dataclass
+class _Pass:
+    """What one process decoded: its share of the conversations (all of them with one worker)."""
+
+    contenders: list[_Contender]
+    conversations: list[list[str]]
+    categories: list[str]
+    info: TargetInfo
+    packed: int
+    tokens: dict[str, int]
+    seconds: dict[str, float]
+    prompts: int
+
+    def shard_records(self) -> dict:
+        """The picklable part a worker process sends back."""
+        return {
+            "records": {c.run: c.records for c in self.contenders},
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "prompts": self.prompts,
+        }
+
+    def merge(self, other: dict) -> None:
+        for c in self.contenders:
+            c.records += other["records"][c.run]
+        for method in self.tokens:
+            self.tokens[method] += other["tokens"][method]
+            self.seconds[method] += other["seconds"][method]
+        self.prompts += other["prompts"]
 
 
 def _tree_for(head, tree: TreeSpec) -> TreeSpec:
@@ -181,7 +218,44 @@ def _tree_for(head, tree: TreeSpec) -> TreeSpec:
 
 
 def evaluate(cfg: Config) -> dict[str, dict]:
-    """Run the benchmark; returns {run name: results} for this run's head and `eval.heads`."""
+    """Run the benchmark; returns {run name: results} for this run's head and `eval.heads`.
+    With `eval.workers` N > 1, N processes (this one and N - 1 spawned) decode every N-th
+    conversation each, the cores split among them."""
+    n = workers(cfg)
+    if n < cfg.eval.workers:
+        print(f"eval.workers={cfg.eval.workers}: one process, the baselines interleaved")
+    if n == 1:
+        return _results(cfg, _decode(cfg))
+    threads = torch.get_num_threads()
+    share = max(1, threads // n)
+    spawn = multiprocessing.get_context("spawn")
+    try:
+        with ProcessPoolExecutor(
+            n - 1, mp_context=spawn, initializer=torch.set_num_threads, initargs=(share,)
+        ) as pool:
+            others = [pool.submit(_worker, cfg, k) for k in range(1, n)]
+            torch.set_num_threads(share)
+            mine = _decode(cfg)
+            for other in others:
+                mine.merge(other.result())
+    finally:
+        torch.set_num_threads(threads)
+    return _results(cfg, mine)
+
+
+def workers(cfg: Config) -> int:
+    """Processes the eval decodes in: `eval.workers` for tau only, one with baselines (their
+    speed ratios are measured side by side in one process)."""
+    return 1 if cfg.eval.baselines else cfg.eval.workers
+
+
+def _worker(cfg: Config, shard: int) -> dict:
+    """A spawned `eval.workers` process: decode shard `shard`, send back its records."""
+    return _decode(cfg, shard).shard_records()
+
+
+def _decode(cfg: Config, shard: int = 0) -> _Pass:
+    """Decode conversations shard, shard + workers, ... with every method."""
     if len({cfg.run_name, *cfg.eval.heads}) != 1 + len(cfg.eval.heads):
         raise ValueError(f"eval.heads={cfg.eval.heads}: repeats a run (this run is {cfg.run_name})")
     tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
@@ -233,7 +307,10 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     seconds = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)
     prompts = 0
-    for index in tqdm(range(len(conversations)), desc=f"eval {e.benchmark}", unit="conv"):
+    n = workers(cfg)
+    indices = range(shard, len(conversations), n)
+    desc = f"eval {e.benchmark}" + (f" (worker {shard + 1}/{n})" if n > 1 else "")
+    for index in tqdm(indices, desc=desc, unit="conv", position=shard):
         turns = conversations[index]
         prompts += len(turns)
         # per method: each turn's prompt and output; later turns follow the method's own answers
@@ -251,7 +328,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
                 out, prompt_stats = decode(method, prompt, seed)
                 seconds[method] += time.perf_counter() - t0
                 if prompt_stats is not None:
-                    by_run[method].record(prompt_stats, categories[index], turn)
+                    by_run[method].records.append((index, turn, categories[index], prompt_stats))
                 tokens[method] += len(out)
                 seen[method].append((prompt, out))
                 answer = tokenizer.decode(out, skip_special_tokens=True)
@@ -269,26 +346,34 @@ def evaluate(cfg: Config) -> dict[str, dict]:
                     c.compared += 1
                     if out != ref:
                         c.mismatches.append(_mismatch(target, prompt, out, ref, index, turn))
-    rate = {m: tokens[m] / max(seconds[m], 1e-9) for m in methods}
-    machine = {**machine_info(cfg), "packed_linears": packed}
+    return _Pass(contenders, conversations, categories, info, packed, tokens, seconds, prompts)
+
+
+def _results(cfg: Config, p: _Pass) -> dict[str, dict]:
+    """{run name: results} of a finished pass (all workers' records merged)."""
+    e = cfg.eval
+    rate = {m: p.tokens[m] / max(p.seconds[m], 1e-9) for m in p.tokens}
+    machine = {**machine_info(cfg), "packed_linears": p.packed}
+    runs = [c.run for c in p.contenders]
     results = {}
-    for c in contenders:
+    for c in p.contenders:
         # this head is "speculative" in its own results
         names = {"speculative": c.run, **{b: b for b in e.baselines}}
-        stats = c.stats
+        stats, by_category, per_prompt = c.totals()
         results[c.run] = {
             "machine": machine,
-            "target": info.name,
+            "target": p.info.name,
             "head": {"name": c.decoder.head.name, "path": c.head_path},
             "tree": vars(c.decoder.spec),
             "draft_vocab_size": c.draft_vocab,
             "eval": vars(e),
+            "workers": workers(cfg),
             # heads decoded in the same process, interleaved prompt by prompt (shared baselines)
-            "decoded_with": [r for r in by_run if r != c.run],
-            "prompts": prompts,
-            "conversations": len(conversations),
-            "tokens": {n: tokens[m] for n, m in names.items()},
-            "seconds": {n: seconds[m] for n, m in names.items()},
+            "decoded_with": [r for r in runs if r != c.run],
+            "prompts": p.prompts,
+            "conversations": len(p.conversations),
+            "tokens": {n: p.tokens[m] for n, m in names.items()},
+            "seconds": {n: p.seconds[m] for n, m in names.items()},
             "tokens_per_second": {n: rate[m] for n, m in names.items()},
             "speedup": {f"vs_{m}": rate[c.run] / rate[m] for m in e.baselines},
             "tau": stats.tau,
@@ -296,20 +381,22 @@ def evaluate(cfg: Config) -> dict[str, dict]:
             # per benchmark category (MT-bench's eight), where the rows name one
             "by_category": {
                 name: {
-                    "prompts": sum(len(t) for t, k in zip(conversations, categories) if k == name),
+                    "prompts": sum(
+                        len(t) for t, k in zip(p.conversations, p.categories) if k == name
+                    ),
                     "tau": part.tau,
                     "depth_acceptance": part.depth_acceptance(),
                 }
-                for name, part in sorted(c.by_category.items())
+                for name, part in sorted(by_category.items())
                 if name
             },
-            "per_prompt": c.per_prompt,
+            "per_prompt": per_prompt,
             **{f"{part}_seconds": getattr(stats, f"{part}_seconds") for part in STEP_PARTS},
             "verify_seconds": stats.verify_seconds,
             "verify_forwards": stats.forwards,
             "nodes_per_forward": stats.nodes_per_forward,
             "mismatch": {
-                "checked": sampling.greedy and "vanilla" in e.baselines,
+                "checked": Sampling(e.temperature).greedy and "vanilla" in e.baselines,
                 "prompts": len(c.mismatches),
                 "compared": c.compared,
                 "rate": len(c.mismatches) / max(c.compared, 1),

@@ -104,3 +104,44 @@ def test_all_turns_follow_each_methods_own_answers(
         assert tokenizer.decode(answer, skip_special_tokens=True) in text
         assert text.count("And then?") == 1
     assert list((tmp_path / "runs").glob("*/eval/*-allturns-*/results.md"))
+
+
+def test_workers_decode_what_one_process_does(tmp_path: Path, head_dir: Path) -> None:
+    """eval.workers=2 (this process and a spawned one, every other conversation each) gives the
+    results of one process: every prompt is seeded by its index, so even sampled decoding and
+    later turns match, and the records come back in benchmark order. Evals with baselines keep
+    one process."""
+    bench = tmp_path / "question.jsonl"
+    texts = ["Write a poem about rain.", "What is 12 times 7?", "Name three colours."]
+    bench.write_text(
+        "".join(
+            json.dumps({"question_id": i, "category": f"c{i % 2}", "turns": [t, "And then?"]})
+            + "\n"
+            for i, t in enumerate(texts)
+        )
+    )
+    overrides = [
+        f"runs_dir={tmp_path}/runs",
+        "target=tiny-random-llama",
+        "dtype=float32",
+        f"head_path={head_dir}",
+        "tree.depth=3",
+        "tree.lookup=3",
+        f"eval.benchmark={bench}",
+        "eval.max_new_tokens=16",
+        "eval.baselines=[]",
+        "eval.turns=all",
+        "eval.temperature=1.0",
+        "tracking=none",
+    ]
+    one = evaluate.evaluate(compose(overrides))["default"]
+    two = evaluate.evaluate(compose([*overrides, "eval.workers=2"]))["default"]
+    assert [p["turn"] for p in two["per_prompt"]] == [0, 1] * 3
+    keys = ("per_prompt", "by_category", "tau", "depth_acceptance", "prompts", "tokens")
+    assert {k: two[k] for k in keys} == {k: one[k] for k in keys}
+    assert two["verify_forwards"] == one["verify_forwards"] > 6
+    assert (one["workers"], two["workers"]) == (1, 2)
+    # with a baseline the methods decode interleaved in one process, whatever eval.workers says
+    timed = [o for o in overrides if not o.startswith("eval.baselines")]
+    timed += ["eval.baselines=[vanilla]", "eval.workers=2", "eval.limit=1"]
+    assert evaluate.evaluate(compose(timed))["default"]["workers"] == 1
