@@ -201,6 +201,7 @@ class _Pass:
         }
 
     def merge(self, other: dict) -> None:
+        """Add a worker's `shard_records()` to this pass."""
         for c in self.contenders:
             c.records += other["records"][c.run]
         for method in self.tokens:

@@ -12,29 +12,38 @@ from draftsmith.config import compose
 from draftsmith.inference import eval as evaluate
 
 
-def test_tau_by_category(tmp_path: Path, head_dir: Path) -> None:
-    bench = tmp_path / "question.jsonl"
-    rows = [("writing", "Write a poem about rain."), ("math", "What is 12 times 7?")]
-    rows.append(("writing", "Describe a sunrise in two sentences."))
-    bench.write_text(
+def _benchmark(path: Path, rows: list[tuple[str, str]]) -> Path:
+    """A question.jsonl of (category, first turn) rows, each with the second turn "And then?"."""
+    path.write_text(
         "".join(
             json.dumps({"question_id": i, "category": c, "turns": [t, "And then?"]}) + "\n"
             for i, (c, t) in enumerate(rows)
         )
     )
+    return path
+
+
+def _tiny_eval(tmp_path: Path, head_dir: Path, bench: Path, *extra: str) -> list[str]:
+    """Overrides evaluating the untrained head on the tiny target in fp32."""
+    return [
+        f"runs_dir={tmp_path}/runs",
+        "target=tiny-random-llama",
+        "dtype=float32",
+        f"head_path={head_dir}",
+        "tree.depth=3",
+        "tree.lookup=3",  # an untrained head drafts little; the lookup branch lifts tau off 1
+        f"eval.benchmark={bench}",
+        "tracking=none",
+        *extra,
+    ]
+
+
+def test_tau_by_category(tmp_path: Path, head_dir: Path) -> None:
+    rows = [("writing", "Write a poem about rain."), ("math", "What is 12 times 7?")]
+    rows.append(("writing", "Describe a sunrise in two sentences."))
+    bench = _benchmark(tmp_path / "question.jsonl", rows)
     cfg = compose(
-        [
-            f"runs_dir={tmp_path}/runs",
-            "target=tiny-random-llama",
-            "dtype=float32",
-            f"head_path={head_dir}",
-            "tree.depth=3",
-            "tree.lookup=3",  # an untrained head drafts little; the lookup branch lifts tau off 1
-            f"eval.benchmark={bench}",
-            "eval.max_new_tokens=24",
-            "eval.baselines=[]",
-            "tracking=none",
-        ]
+        _tiny_eval(tmp_path, head_dir, bench, "eval.max_new_tokens=24", "eval.baselines=[]")
     )
     r = evaluate.run(cfg)
     assert [p["category"] for p in r["per_prompt"]] == ["writing", "math", "writing"]
@@ -58,13 +67,8 @@ def test_all_turns_follow_each_methods_own_answers(
     tmp_path: Path, head_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """eval.turns=all decodes the second turns after the first answers, losslessly (fp32)."""
-    bench = tmp_path / "question.jsonl"
-    bench.write_text(
-        "".join(
-            json.dumps({"question_id": i, "category": "c", "turns": [t, "And then?"]}) + "\n"
-            for i, t in enumerate(["Write a poem about rain.", "What is 12 times 7?"])
-        )
-    )
+    texts = ["Write a poem about rain.", "What is 12 times 7?"]
+    bench = _benchmark(tmp_path / "question.jsonl", [("c", t) for t in texts])
     seen: list[tuple[list[int], list[int]]] = []  # (prompt, output) of each speculative decode
     generate = evaluate.SpecDecoder.generate
 
@@ -74,20 +78,10 @@ def test_all_turns_follow_each_methods_own_answers(
         return out, stats
 
     monkeypatch.setattr(evaluate.SpecDecoder, "generate", recording)
-    overrides = [
-        f"runs_dir={tmp_path}/runs",
-        "target=tiny-random-llama",
-        "dtype=float32",
-        f"head_path={head_dir}",
-        "tree.depth=3",
-        "tree.lookup=3",
-        f"eval.benchmark={bench}",
-        "eval.max_new_tokens=16",
-        "eval.baselines=[vanilla]",
-        "eval.turns=all",
-        "tracking=none",
-    ]
-    r = evaluate.run(compose(overrides))
+    overrides = _tiny_eval(
+        tmp_path, head_dir, bench, "eval.max_new_tokens=16", "eval.baselines=[vanilla]"
+    )
+    r = evaluate.run(compose([*overrides, "eval.turns=all"]))
     assert r["prompts"] == 4 and r["conversations"] == 2
     assert [p["turn"] for p in r["per_prompt"]] == [0, 1, 0, 1]
     assert r["mismatch"] == {
@@ -111,37 +105,18 @@ def test_workers_decode_what_one_process_does(tmp_path: Path, head_dir: Path) ->
     results of one process: every prompt is seeded by its index, so even sampled decoding and
     later turns match, and the records come back in benchmark order. Evals with baselines keep
     one process."""
-    bench = tmp_path / "question.jsonl"
     texts = ["Write a poem about rain.", "What is 12 times 7?", "Name three colours."]
-    bench.write_text(
-        "".join(
-            json.dumps({"question_id": i, "category": f"c{i % 2}", "turns": [t, "And then?"]})
-            + "\n"
-            for i, t in enumerate(texts)
-        )
+    bench = _benchmark(tmp_path / "question.jsonl", [(f"c{i % 2}", t) for i, t in enumerate(texts)])
+    overrides = _tiny_eval(
+        tmp_path, head_dir, bench, "eval.max_new_tokens=16", "eval.turns=all", "eval.temperature=1"
     )
-    overrides = [
-        f"runs_dir={tmp_path}/runs",
-        "target=tiny-random-llama",
-        "dtype=float32",
-        f"head_path={head_dir}",
-        "tree.depth=3",
-        "tree.lookup=3",
-        f"eval.benchmark={bench}",
-        "eval.max_new_tokens=16",
-        "eval.baselines=[]",
-        "eval.turns=all",
-        "eval.temperature=1.0",
-        "tracking=none",
-    ]
-    one = evaluate.evaluate(compose(overrides))["default"]
-    two = evaluate.evaluate(compose([*overrides, "eval.workers=2"]))["default"]
+    one = evaluate.evaluate(compose([*overrides, "eval.baselines=[]"]))["default"]
+    two = evaluate.evaluate(compose([*overrides, "eval.baselines=[]", "eval.workers=2"]))["default"]
     assert [p["turn"] for p in two["per_prompt"]] == [0, 1] * 3
     keys = ("per_prompt", "by_category", "tau", "depth_acceptance", "prompts", "tokens")
     assert {k: two[k] for k in keys} == {k: one[k] for k in keys}
     assert two["verify_forwards"] == one["verify_forwards"] > 6
     assert (one["workers"], two["workers"]) == (1, 2)
     # with a baseline the methods decode interleaved in one process, whatever eval.workers says
-    timed = [o for o in overrides if not o.startswith("eval.baselines")]
-    timed += ["eval.baselines=[vanilla]", "eval.workers=2", "eval.limit=1"]
+    timed = [*overrides, "eval.baselines=[vanilla]", "eval.workers=2", "eval.limit=1"]
     assert evaluate.evaluate(compose(timed))["default"]["workers"] == 1
