@@ -222,9 +222,12 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     """Run the benchmark; returns {run name: results} for this run's head and `eval.heads`.
     With `eval.workers` N > 1, N processes (this one and N - 1 spawned) decode every N-th
     conversation each, the cores split among them."""
-    n = workers(cfg)
+    n = _processes(cfg)
     if n < cfg.eval.workers:
-        print(f"eval.workers={cfg.eval.workers}: one process, the baselines interleaved")
+        print(
+            f"eval.workers={cfg.eval.workers} unused: with baselines every method decodes in "
+            "this process, so the speedups are measured side by side"
+        )
     if n == 1:
         return _results(cfg, _decode(cfg))
     threads = torch.get_num_threads()
@@ -244,7 +247,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     return _results(cfg, mine)
 
 
-def workers(cfg: Config) -> int:
+def _processes(cfg: Config) -> int:
     """Processes the eval decodes in: `eval.workers` for tau only, one with baselines (their
     speed ratios are measured side by side in one process)."""
     return 1 if cfg.eval.baselines else cfg.eval.workers
@@ -308,7 +311,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
     seconds = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)
     prompts = 0
-    n = workers(cfg)
+    n = _processes(cfg)
     indices = range(shard, len(conversations), n)
     desc = f"eval {e.benchmark}" + (f" (worker {shard + 1}/{n})" if n > 1 else "")
     for index in tqdm(indices, desc=desc, unit="conv", position=shard):
@@ -368,7 +371,7 @@ def _results(cfg: Config, p: _Pass) -> dict[str, dict]:
             "tree": vars(c.decoder.spec),
             "draft_vocab_size": c.draft_vocab,
             "eval": vars(e),
-            "workers": workers(cfg),
+            "workers": _processes(cfg),
             # heads decoded in the same process, interleaved prompt by prompt (shared baselines)
             "decoded_with": [r for r in runs if r != c.run],
             "prompts": p.prompts,
