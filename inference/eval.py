@@ -189,7 +189,6 @@ class _Pass:
     packed: int
     tokens: dict[str, int]
     seconds: dict[str, float]
-    prompts: int
 
     def shard_records(self) -> dict:
         """The picklable part a worker process sends back."""
@@ -197,7 +196,6 @@ class _Pass:
             "records": {c.run: c.records for c in self.contenders},
             "tokens": self.tokens,
             "seconds": self.seconds,
-            "prompts": self.prompts,
         }
 
     def merge(self, other: dict) -> None:
@@ -207,7 +205,6 @@ class _Pass:
         for method in self.tokens:
             self.tokens[method] += other["tokens"][method]
             self.seconds[method] += other["seconds"][method]
-        self.prompts += other["prompts"]
 
 
 def _tree_for(head, tree: TreeSpec) -> TreeSpec:
@@ -310,13 +307,11 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
                 c.decoder.measure_costs()  # the compiled forward's costs size the trees
     seconds = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)
-    prompts = 0
     n = _processes(cfg)
     indices = range(shard, len(conversations), n)
     desc = f"eval {e.benchmark}" + (f" (worker {shard + 1}/{n})" if n > 1 else "")
     for index in tqdm(indices, desc=desc, unit="conv", position=shard):
         turns = conversations[index]
-        prompts += len(turns)
         # per method: each turn's prompt and output; later turns follow the method's own answers
         seen: dict[str, list[tuple[list[int], list[int]]]] = {}
         # the order rotates per conversation so no method always runs first (warm caches, clocks)
@@ -350,7 +345,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
                     c.compared += 1
                     if out != ref:
                         c.mismatches.append(_mismatch(target, prompt, out, ref, index, turn))
-    return _Pass(contenders, conversations, categories, info, packed, tokens, seconds, prompts)
+    return _Pass(contenders, conversations, categories, info, packed, tokens, seconds)
 
 
 def _results(cfg: Config, p: _Pass) -> dict[str, dict]:
@@ -374,7 +369,8 @@ def _results(cfg: Config, p: _Pass) -> dict[str, dict]:
             "workers": _processes(cfg),
             # heads decoded in the same process, interleaved prompt by prompt (shared baselines)
             "decoded_with": [r for r in runs if r != c.run],
-            "prompts": p.prompts,
+            # every head decodes every prompt once
+            "prompts": len(c.records),
             "conversations": len(p.conversations),
             "tokens": {n: p.tokens[m] for n, m in names.items()},
             "seconds": {n: p.seconds[m] for n, m in names.items()},
