@@ -132,9 +132,10 @@ def test_auto_dtype_is_bf16_only_where_the_hardware_has_it(monkeypatch) -> None:
     assert compose(["experiment=quick"]).dtype == "bfloat16"
 
 
-def test_quick_takes_less_data_where_it_computes_in_fp32(monkeypatch) -> None:
-    """`${by_dtype:A,B}` keeps experiment=quick within its minutes on an AVX2-only CPU, where
-    fp32 forwards cost 3-8x; its other heads follow, and an override still wins."""
+def test_presets_take_less_data_where_they_compute_in_fp32(monkeypatch) -> None:
+    """`${by_dtype:A,B}` keeps experiment=quick and the full recipe within their minutes on an
+    AVX2-only CPU, where fp32 forwards cost 3-8x; their other heads follow, and an override still
+    wins."""
     import torch
 
     def budget(*overrides: str) -> tuple[int | None, int | None]:
@@ -150,6 +151,17 @@ def test_quick_takes_less_data_where_it_computes_in_fp32(monkeypatch) -> None:
     assert budget("data.limit=50") == (50, 2)
     hydra = compose(["experiment=quick_hydra", "dtype=float32"])
     assert hydra.data == compose(["experiment=quick", "dtype=float32"]).data
+
+    def recipe(*overrides: str) -> tuple[int | None, int]:
+        cfg = compose(["experiment=smollm2_eagle3", *overrides])
+        return cfg.data.limit, cfg.train.epochs
+
+    assert recipe("dtype=bfloat16") == (6000, 3)
+    assert recipe("dtype=auto") == recipe("dtype=float32") == (2000, 2)
+    data = compose(["experiment=smollm2_eagle3", "dtype=float32"]).data
+    for head in ("smollm2_eagle1", "smollm2_medusa", "smollm2_hydra"):
+        other = compose([f"experiment={head}", "dtype=float32"])
+        assert (other.data, other.train.epochs) == (data, 2)
 
 
 def test_eval_folder_names_the_settings_and_stays_under_the_run() -> None:
