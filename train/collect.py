@@ -61,7 +61,13 @@ def plan_batches(rows: list[int], lengths: list[int], tokens_per_batch: int) -> 
 
 
 def collect_shard(
-    target, dataset, rows: list[int], lengths: list[int], aux_layers: list[int], cfg: Config
+    target,
+    dataset,
+    rows: list[int],
+    lengths: list[int],
+    aux_layers: list[int],
+    cfg: Config,
+    bar: tqdm | None = None,
 ) -> dict[str, torch.Tensor]:
     device = next(target.parameters()).device
     storage = torch_dtype(cfg.collect.storage_dtype)
@@ -87,6 +93,8 @@ def collect_shard(
             parts["hidden"].append(hidden[r, :n].to(storage).cpu())
             parts["aux"].append(aux[r, :n].to(storage).cpu())
             parts["target_top"].append(top[r, :n].to(torch.int32).cpu())
+        if bar is not None:
+            bar.update(sum(lengths[i] for i in batch))
     # shards store rows in plan order; offsets delimit them
     offsets = torch.tensor([0] + [lengths[i] for i in rows]).cumsum(0)
     return {**{k: torch.cat(v) for k, v in parts.items()}, "offsets": offsets}
@@ -165,13 +173,17 @@ def run(cfg: Config) -> dict:
         done = {s["file"]: s for s in index["splits"].get(split, {}).get("shards", [])}
         entries = []
         (out / split).mkdir(exist_ok=True)
-        for k, rows in enumerate(tqdm(shards, desc=f"collect {split}", unit="shard")):
+        # counted in tokens, not shards: a shard of fp32 forwards on a small CPU takes minutes
+        bar = tqdm(total=sum(lengths), desc=f"collect {split}", unit="tok", unit_scale=True)
+        for k, rows in enumerate(shards):
+            bar.set_postfix_str(f"shard {k + 1}/{len(shards)}")
             name = f"{split}/shard_{k:05d}.safetensors"
             path = out / name
             if name in done and path.exists() and path.stat().st_size == done[name]["size"]:
                 entries.append(done[name])
+                bar.update(done[name]["tokens"])
                 continue
-            tensors = collect_shard(target, data, rows, lengths, aux_layers, cfg)
+            tensors = collect_shard(target, data, rows, lengths, aux_layers, cfg, bar)
             tmp = path.with_suffix(".tmp")
             # one metadata key: safetensors writes its metadata map in no fixed order, and
             # resumed shards must be byte-identical
@@ -189,6 +201,7 @@ def run(cfg: Config) -> dict:
             )
             index["splits"][split] = {"shards": entries, "rows": None, "tokens": None}
             _write_index(out, index)
+        bar.close()
         index["splits"][split] = {"shards": entries, "rows": len(lengths), "tokens": sum(lengths)}
         _write_index(out, index)
     index["complete"] = True
