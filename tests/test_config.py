@@ -157,11 +157,11 @@ def test_presets_take_less_data_where_they_compute_in_fp32(monkeypatch) -> None:
         return cfg.data.limit, cfg.train.epochs
 
     assert recipe("dtype=bfloat16") == (6000, 3)
-    assert recipe("dtype=auto") == recipe("dtype=float32") == (2000, 2)
+    assert recipe("dtype=auto") == recipe("dtype=float32") == (2000, 3)
     data = compose(["experiment=smollm2_eagle3", "dtype=float32"]).data
     for head in ("smollm2_eagle1", "smollm2_medusa", "smollm2_hydra"):
         other = compose([f"experiment={head}", "dtype=float32"])
-        assert (other.data, other.train.epochs) == (data, 2)
+        assert (other.data, other.train.epochs) == (data, 3)
 
 
 def test_eval_folder_names_the_settings_and_stays_under_the_run() -> None:
