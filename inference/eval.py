@@ -236,9 +236,17 @@ def evaluate(cfg: Config) -> dict[str, dict]:
         ) as pool:
             others = [pool.submit(_worker, cfg, k) for k in range(1, n)]
             torch.set_num_threads(share)
-            mine = _decode(cfg)
-            for other in others:
-                mine.merge(other.result())
+            try:
+                mine = _decode(cfg)
+                for other in others:
+                    mine.merge(other.result())
+            except BaseException:
+                # leaving the pool would wait for every worker's share: when this process (or a
+                # worker) fails, stop them instead (the pool's workers are this process's only
+                # children; Python 3.11's executor cannot terminate its own)
+                for child in multiprocessing.active_children():
+                    child.terminate()
+                raise
     finally:
         torch.set_num_threads(threads)
     return _results(cfg, mine)

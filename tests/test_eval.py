@@ -4,6 +4,8 @@ category, consistent with the overall tau."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,30 @@ def test_workers_decode_what_one_process_does(tmp_path: Path, head_dir: Path) ->
     # with a baseline the methods decode interleaved in one process, whatever eval.workers says
     timed = [*overrides, "eval.baselines=[vanilla]", "eval.workers=2", "eval.limit=1"]
     assert evaluate.evaluate(compose(timed))["default"]["workers"] == 1
+
+
+def _finish_later(cfg, shard: int) -> dict:
+    """A spawned worker whose share takes a few seconds, then leaves a mark that it finished."""
+    time.sleep(3)
+    Path(cfg.runs_dir).mkdir(parents=True, exist_ok=True)
+    Path(cfg.runs_dir, f"worker{shard}.done").write_text("finished")
+    return {}
+
+
+def test_a_failing_eval_stops_its_workers(
+    tmp_path: Path, head_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When this process fails mid-eval, eval.workers' spawned process is stopped, not waited
+    for: the error comes back before the worker's share is done, and no worker is left."""
+    bench = _benchmark(tmp_path / "question.jsonl", [("c", "Write a poem about rain.")] * 2)
+    overrides = _tiny_eval(tmp_path, head_dir, bench, "eval.baselines=[]", "eval.workers=2")
+
+    def fail(cfg, shard: int = 0):
+        raise RuntimeError("this process failed")
+
+    monkeypatch.setattr(evaluate, "_decode", fail)  # this process only: the worker is spawned
+    monkeypatch.setattr(evaluate, "_worker", _finish_later)
+    with pytest.raises(RuntimeError, match="this process failed"):
+        evaluate.evaluate(compose(overrides))
+    assert multiprocessing.active_children() == []
+    assert not list((tmp_path / "runs").glob("worker*.done"))
