@@ -15,11 +15,13 @@ many-row kernels do), so in fp32 a packed model is a different-kernel copy of th
 decoding method of an eval runs the same packed model, so speculative output is still compared
 with that model's own greedy output.
 The plain weight stays in place (tied embeddings, weight indexing and state dicts still read
-it), so a packed model holds its linear weights twice.
+it), so a packed model holds its linear weights twice: a model whose copies would take more than
+half the memory still available is left plain (slower, but not swapping or killed).
 """
 
 from __future__ import annotations
 
+import psutil
 import torch
 from torch import nn
 
@@ -56,11 +58,17 @@ def pack_linears(model: nn.Module) -> int:
     same parameters; in bf16 the same outputs bit for bit); returns how many. Anything else (GPU,
     trainable weights, other dtypes, bf16 without oneDNN bf16) is left as it is. Pack after the
     last `.to()`: the packed copies do not follow the module to another device or dtype."""
-    count = 0
-    for module in model.modules():
-        if can_pack(module):
-            # the batch size is only a hint for oneDNN's choice of layout: 1 or 16 measured alike
-            module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), 1)
-            module.__class__ = PackedLinear
-            count += 1
-    return count
+    linears = [m for m in model.modules() if can_pack(m)]
+    copies = sum(m.weight.nbytes for m in linears)
+    available = psutil.virtual_memory().available
+    if copies > available // 2:
+        print(
+            f"linear weights left unpacked: their packed copies ({copies / 2**30:.1f} GiB) would "
+            f"take more than half the memory available ({available / 2**30:.1f} GiB)"
+        )
+        return 0
+    for module in linears:
+        # the batch size is only a hint for oneDNN's choice of layout: 1 or 16 measured alike
+        module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), 1)
+        module.__class__ = PackedLinear
+    return len(linears)

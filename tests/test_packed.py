@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from torch import nn
@@ -127,3 +128,18 @@ def test_packed_fp32_target_is_lossless(tiny_target_dir, tiny_tokenizer) -> None
     eos = {tiny_tokenizer.eos_token_id}
     tokens, stats = SpecDecoder(packed, head, SPEC).generate(prompt, 32, eos_token_ids=eos)
     assert tokens == greedy[0, len(prompt) :].tolist() and stats.forwards > 1
+
+
+@needs_fp32
+def test_a_model_too_big_for_the_memory_is_left_plain(
+    tiny_target_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packed copies that would take more than half the available memory are not made."""
+    target = load_target(str(tiny_target_dir), "float32")
+    weights = sum(m.weight.nbytes for m in target.modules() if type(m) is nn.Linear)
+    memory = psutil.virtual_memory()._replace(available=2 * weights - 1)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory)
+    assert pack_linears(target) == 0
+    assert not any(isinstance(m, PackedLinear) for m in target.modules())
+    memory = memory._replace(available=2 * weights)  # just enough: packed
+    assert pack_linears(target) > 0
