@@ -242,8 +242,8 @@ def evaluate(cfg: Config) -> dict[str, dict]:
                     mine.merge(other.result())
             except BaseException:
                 # leaving the pool would wait for every worker's share: when this process (or a
-                # worker) fails, stop them instead (the pool's workers are this process's only
-                # children; Python 3.11's executor cannot terminate its own)
+                # worker) fails, stop them instead (they are its only multiprocessing children;
+                # Python 3.11's executor cannot terminate its own)
                 for child in multiprocessing.active_children():
                     child.terminate()
                 raise
