@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.config import compose
+from draftsmith.config import Config, compose
 from draftsmith.inference import eval as evaluate
 
 
@@ -124,7 +124,7 @@ def test_workers_decode_what_one_process_does(tmp_path: Path, head_dir: Path) ->
     assert evaluate.evaluate(compose(timed))["default"]["workers"] == 1
 
 
-def _finish_later(cfg, shard: int) -> dict:
+def _finish_later(cfg: Config, shard: int) -> dict:
     """A spawned worker whose share takes a few seconds, then leaves a mark that it finished."""
     time.sleep(3)
     Path(cfg.runs_dir).mkdir(parents=True, exist_ok=True)
@@ -140,7 +140,7 @@ def test_a_failing_eval_stops_its_workers(
     bench = _benchmark(tmp_path / "question.jsonl", [("c", "Write a poem about rain.")] * 2)
     overrides = _tiny_eval(tmp_path, head_dir, bench, "eval.baselines=[]", "eval.workers=2")
 
-    def fail(cfg, shard: int = 0):
+    def fail(cfg: Config, shard: int = 0) -> evaluate._Pass:
         raise RuntimeError("this process failed")
 
     monkeypatch.setattr(evaluate, "_decode", fail)  # this process only: the worker is spawned
