@@ -221,7 +221,8 @@ class EvalConfig(SamplingKeys):
     tag: str = ""
     # other runs whose heads (runs/<run>/train/head) are decoded interleaved with this run's, on
     # the same prompts and baselines (vanilla and lookup decode once for all); each run's results
-    # go to its own eval folder. A parallel head's dynamic tree is cut to its number of heads.
+    # go to its own eval folder (never over results it already has: a new tag measures again). A
+    # parallel head's dynamic tree is cut to its number of heads.
     heads: list[str] = field(default_factory=list)
     # 0 = every head drafts over its own vocabulary. N > 0: heads that draft through the target's
     # full lm_head (eagle1, medusa, hydra) draft over the N most frequent answer tokens of this

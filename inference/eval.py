@@ -281,7 +281,15 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
         # this run's head must take the reduced vocabulary; other heads take it if they can
         own = vocab if run == cfg.run_name or head.drafts_with_target_lm_head else None
         decoder = SpecDecoder(target, head, tree, own)
-        contenders.append(_Contender(run, head_path, decoder, 0 if own is None else own.numel()))
+        draft = 0 if own is None else own.numel()
+        done = results_dir(cfg, run, decoder.spec, draft) / "results.json"
+        if run != cfg.run_name and done.exists():
+            # another run's results are an earlier measurement the user did not ask to redo
+            raise FileExistsError(
+                f"{done} already holds an eval of {run}'s head under this tag; eval.heads would "
+                "overwrite it: give this eval another eval.tag (or delete that folder)"
+            )
+        contenders.append(_Contender(run, head_path, decoder, draft))
     e = cfg.eval
     conversations, categories = user_turns(benchmark_source(cfg), e.limit)
     if e.turns == "first":
@@ -449,14 +457,18 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
     return tag + ("-compiled" if cfg.eval.compile else "")
 
 
+def results_dir(cfg: Config, run: str, tree: TreeSpec, draft_vocab: int) -> Path:
+    """runs/<run>/eval/<tag>: where this eval writes `run`'s results (`draft_vocab` 0: the
+    head's own vocabulary)."""
+    return Path(cfg.runs_dir, run, "eval", Path(eval_tag(cfg, tree, draft_vocab)).name)
+
+
 def run(cfg: Config) -> dict:
     """Stage entry point: evaluate, then write JSON + markdown + plots under runs/<run>/eval/
     (and under each `eval.heads` run's own eval folder); returns this run's results."""
     results = evaluate(cfg)
     for run_name, r in results.items():
-        tree = TreeSpec(**r["tree"])
-        tag = eval_tag(cfg, tree, r["draft_vocab_size"])
-        out = Path(cfg.runs_dir, run_name, "eval", Path(tag).name)
+        out = results_dir(cfg, run_name, TreeSpec(**r["tree"]), r["draft_vocab_size"])
         write_report(r, out)
         write_sweep_summary(out.parent)
         if cfg.tracking == "wandb":

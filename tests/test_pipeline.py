@@ -86,6 +86,11 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
         assert mine["seconds"][method] == theirs["seconds"][method] > 0
     assert mine["tokens"]["speculative"] == theirs["tokens"]["speculative"] > 0  # both lossless
     assert mine["mismatch"]["checked"] and theirs["mismatch"]["prompts"] == 0
+    # the same eval again would overwrite the Medusa run's results: refused before decoding
+    kept = found[0].read_bytes()
+    with pytest.raises(FileExistsError, match=f"{found[0]} already holds an eval of tiny_medusa"):
+        evaluate.run(compose([*overrides, "eval.heads=[tiny_medusa]", "tracking=none"]))
+    assert found[0].read_bytes() == kept
     other = run(compose(medusa))
     assert [r["status"] for r in other["stages"]] == ["already complete"] * 4 + ["done"]
     assert other["data"] == summary["data"] and other["eval"]["decoded_with"] == ["tiny"]
