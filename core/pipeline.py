@@ -58,11 +58,16 @@ def run(cfg: Config) -> dict:
     if cfg.train.source == "online":
         stages.pop("collect")
     rows = []
+    stopped = False  # train.stop_after ended the training before its head was saved
     for name, fn in stages.items():
         stage_cfg = _stage_config(cfg, name)
         done = _done(stage_cfg, name)
         if name not in cfg.stages and not done:
             rows.append({"stage": name, "status": "not selected", "seconds": None})
+            continue
+        if stopped:
+            # later stages read the finished head; the same command again continues the training
+            rows.append({"stage": name, "status": "waiting for train", "seconds": None})
             continue
         if done:
             # the minutes it took when it ran (None: made before timings were kept)
@@ -80,7 +85,9 @@ def run(cfg: Config) -> dict:
         # kept per run as each stage ends, so a later invocation still reports it
         timings = _timings(stage_cfg) | {_timing_key(stage_cfg, name): seconds}
         write_text_atomic(_timings_path(stage_cfg), json.dumps(timings, indent=2))
-        rows.append({"stage": name, "status": "done", "seconds": seconds})
+        stopped = isinstance(result, dict) and result.get("stopped_early", False)
+        status = f"stopped at step {result['steps']} (train.stop_after)" if stopped else "done"
+        rows.append({"stage": name, "status": status, "seconds": seconds})
     summary = {"run": cfg.run_name, "stages": rows, **_results(cfg)}
     out = Path(cfg.runs_dir, cfg.run_name)
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2))

@@ -209,6 +209,23 @@ def test_eval_heads_must_not_repeat_a_run() -> None:
         evaluate(compose(["run_name=a", "eval.heads=[b,a]"]))
 
 
+def test_a_training_stopped_early_is_not_reported_done(tmp_path: Path, monkeypatch) -> None:
+    """`train.stop_after` ends an invocation before the head exists: the summary says where it
+    stopped, and the stages after it, which read the head, wait for the training to finish."""
+    from draftsmith.inference import eval as evaluate
+    from draftsmith.train import loop
+
+    stopped = {"steps": 4, "stopped_early": True, "seconds_before_resume": 0.0}
+    monkeypatch.setattr(loop, "run", lambda cfg: stopped)
+    monkeypatch.setattr(evaluate, "run", lambda cfg: pytest.fail("eval ran without a head"))
+    overrides = [f"runs_dir={tmp_path}", "experiment=tiny", "stages=[train,eval]"]
+    (tmp_path / "tiny").mkdir()  # the real stage makes its run's folder
+    rows = run(compose([*overrides, "tracking=none"]))["stages"]
+    status = {r["stage"]: r["status"] for r in rows}
+    assert status["train"] == "stopped at step 4 (train.stop_after)"
+    assert status["eval"] == "waiting for train" and status["export"] == "not selected"
+
+
 def test_resumed_training_reports_its_whole_time(tmp_path: Path, monkeypatch) -> None:
     """A training resumed from a checkpoint reports the seconds its earlier invocations spent on
     the steps it kept, plus its own (the stage minutes of `draftsmith run` and the results)."""
