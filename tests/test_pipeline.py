@@ -218,9 +218,11 @@ def test_a_training_stopped_early_is_not_reported_done(tmp_path: Path, monkeypat
     stopped = {"steps": 4, "stopped_early": True, "seconds_before_resume": 0.0}
     monkeypatch.setattr(loop, "run", lambda cfg: stopped)
     monkeypatch.setattr(evaluate, "run", lambda cfg: pytest.fail("eval ran without a head"))
-    overrides = [f"runs_dir={tmp_path}", "experiment=tiny", "stages=[train,eval]"]
+    cfg = compose(
+        [f"runs_dir={tmp_path}", "experiment=tiny", "stages=[train,eval]", "tracking=none"]
+    )
     (tmp_path / "tiny").mkdir()  # the real stage makes its run's folder
-    rows = run(compose([*overrides, "tracking=none"]))["stages"]
+    rows = run(cfg)["stages"]
     status = {r["stage"]: r["status"] for r in rows}
     assert status["train"] == "stopped at step 4 (train.stop_after)"
     assert status["eval"] == "waiting for train" and status["export"] == "not selected"
