@@ -334,6 +334,12 @@ class DraftHead(nn.Module, ABC):
         return self.config.drafts_with_target_lm_head
 
     @property
+    def own_vocab_size(self) -> int | None:
+        """Rows of the head's own draft vocabulary (EAGLE-3's d2t), or None for a head that
+        drafts from the target's whole vocabulary (through the target's lm_head or its own)."""
+        return None
+
+    @property
     def aux_layers(self) -> list[int]:
         """Target layers the head reads besides the last (EAGLE-3's, a fused Hydra's), in the
         features convention; [] for none. Training and decoding capture exactly these."""

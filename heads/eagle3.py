@@ -82,6 +82,10 @@ class Eagle3Head(AutoregressiveHead):
         # ModuleList built per call cost ~40 us of every drafting step
         return (self.midlayer,)
 
+    @property
+    def own_vocab_size(self) -> int:
+        return self.config.draft_vocab_size
+
     def set_vocab(self, counts: torch.Tensor) -> None:
         """Pick the draft vocabulary from token counts [V] under the loss mask."""
         d2t, t2d = build_vocab_mapping(counts, self.config.draft_vocab_size)

@@ -378,7 +378,13 @@ def _results(cfg: Config, p: _Pass) -> dict[str, dict]:
         results[c.run] = {
             "machine": machine,
             "target": p.info.name,
-            "head": {"name": c.decoder.head.name, "path": c.head_path},
+            # the head's own draft vocabulary (None: the target's); `draft_vocab_size` below is
+            # a subset of the target's vocabulary chosen at eval (eval.draft_vocab_size)
+            "head": {
+                "name": c.decoder.head.name,
+                "path": c.head_path,
+                "draft_vocab_size": c.decoder.head.own_vocab_size,
+            },
             "tree": vars(c.decoder.spec),
             "draft_vocab_size": c.draft_vocab,
             "eval": vars(e),

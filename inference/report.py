@@ -33,8 +33,13 @@ def results_markdown(r: dict) -> str:
         )
     depth = ", ".join(f"{a:.2f}" for a in r["depth_acceptance"])
     m = r["mismatch"]
+    vocab = ""  # what the head drafted over, where it was not the target's whole vocabulary
+    if own := r["head"].get("draft_vocab_size"):  # results since session 60 record it
+        vocab = f" (its own draft vocabulary of {own} tokens)"
+    elif cut := r.get("draft_vocab_size"):
+        vocab = f" (drafting over the {cut} most frequent answer tokens)"
     lines = [
-        f"**{r['head']['name']}** on {r['target']} — {benchmark_label(r['eval'])}, "
+        f"**{r['head']['name']}**{vocab} on {r['target']} — {benchmark_label(r['eval'])}, "
         f"{r['prompts']} prompts, {r['eval']['max_new_tokens']} new tokens, "
         f"T={r['eval']['temperature']}, {r['machine']['dtype']}, tree {r['tree']['kind']} "
         f"(depth {r['tree']['depth']}, top-k {r['tree']['top_k']}, "

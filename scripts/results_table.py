@@ -95,8 +95,11 @@ def run_rows(run: Path) -> Tables:
         speed = {k: f"{s[k]:.2f}x" if k in s else "-" for k in ("vs_vanilla", "vs_lookup")}
         # tau-only evals (no baselines) may share the cores with other jobs: no speed reported
         tok_s = f"{r['tokens_per_second']['speculative']:.1f}" if s else "-"
+        head = r["head"]["name"]
+        if r["head"].get("draft_vocab_size"):  # its own draft vocabulary (recorded since s60)
+            head += f" v{r['head']['draft_vocab_size']}"
         tables.evals.append(
-            f"| {name} | {r['head']['name']} | {e['benchmark']} | {e['temperature']} | "
+            f"| {name} | {head} | {e['benchmark']} | {e['temperature']} | "
             f"{r['machine']['dtype']} | {tree} | {r['prompts']} | **{r['tau']:.2f}** | {depth} | "
             f"{tok_s} | {speed['vs_vanilla']} | "
             f"{speed['vs_lookup']} | {mism} |"
@@ -170,7 +173,9 @@ def main() -> None:
         "`scripts/results_table.py` from the runs' JSON, archived with their plots in `results/`.",
         "Speedups are ratios measured interleaved in one process; max_new_tokens 128 unless the",
         "run says otherwise. Rows without baselines measured tau only (they may have shared the",
-        "cores with other jobs, so they report no speed).",
+        "cores with other jobs, so they report no speed). `v<N>` after a head: its own draft",
+        "vocabulary of N tokens (recorded since session 60); in the tree column: drafting over",
+        "the N most frequent answer tokens, chosen at eval (`eval.draft_vocab_size`).",
         "",
         "| run | head | benchmark | T | dtype | tree | prompts | tau | acceptance by depth | "
         "spec tok/s | vs vanilla | vs prompt lookup | greedy mismatches |",

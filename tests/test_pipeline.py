@@ -82,6 +82,8 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     theirs = json.loads(found[0].read_text())
     assert mine["decoded_with"] == ["tiny_medusa"] and theirs["decoded_with"] == ["tiny"]
     assert mine["head"]["name"] != theirs["head"]["name"]
+    # the EAGLE-3 head's own draft vocabulary is recorded; Medusa drafts from the target's
+    assert mine["head"]["draft_vocab_size"] == 128 and theirs["head"]["draft_vocab_size"] is None
     assert theirs["tree"]["depth"] == 4 and mine["tree"]["depth"] == 5
     for method in ("vanilla", "lookup"):
         assert mine["seconds"][method] == theirs["seconds"][method] > 0
@@ -104,6 +106,10 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     assert mine["mismatch"]["prompts"] == 0
     cut_dirs = list((tmp_path / "runs" / "tiny_medusa" / "eval").glob("*-v64"))
     assert len(cut_dirs) == 1 and len(found) == 1 and found[0].exists()  # the full-vocab eval kept
+    assert (
+        "(drafting over the 64 most frequent answer tokens)"
+        in (cut_dirs[0] / "results.md").read_text()
+    )
     theirs = json.loads(
         next((tmp_path / "runs" / "tiny" / "eval").glob("*/results.json")).read_text()
     )
@@ -137,6 +143,7 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     (folder,) = (out / "eval").glob("*-n16-lookup3-T0-*")
     report = (folder / "results.md").read_text()
     assert "prompt-lookup branch of 3" in report and "ms (target forward " in report
+    assert "**eagle3** (its own draft vocabulary of 128 tokens) on " in report
 
     # in bf16 eval packs the target's and the head's linear weights (where oneDNN has bf16
     # kernels) and decodes the same tokens as with the weights as loaded
