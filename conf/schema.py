@@ -235,10 +235,11 @@ class EvalConfig(SamplingKeys):
     compile: bool = False
     # processes decoding disjoint conversations side by side, the cores split among them, in a
     # tau-only eval (with baselines it decodes in one process: speed ratios must be measured side
-    # by side, and results.json records the workers used). Results are those of one process
-    # (every prompt is seeded by its index). On 2 AVX2 cores (fp32) two 1-thread processes ran
+    # by side, and results.json records the workers used). Every prompt is seeded by its index,
+    # so in fp32 the results are those of one process: on 2 AVX2 cores two 1-thread processes ran
     # the quick preset's eval in 7.9 min against 11.7, with identical results (small tree
-    # forwards use 2 threads poorly); not measured on CPUs with bf16 instructions
+    # forwards use 2 threads poorly). In bf16 1- and 2-thread kernels round differently, so a few
+    # greedy paths part at near-ties (AMX Xeon: 2 of 80 prompts, 2.2 min against 3.0)
     workers: int = 1
 
     def __post_init__(self) -> None:

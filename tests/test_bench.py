@@ -94,7 +94,13 @@ def test_readme_results_are_the_archive_regenerated(tmp_path: Path) -> None:
     command = [sys.executable, str(SCRIPTS / "results_table.py"), "--archive", str(store)]
     subprocess.run([*command, "--readme", str(readme)], check=True, capture_output=True)
     assert readme.read_text() == before
-    for named in ("+lookup8 p0.02 |", "+lookup8 rt0.5 |", "n12 v4096 compiled |"):
+    # a head's own draft vocabulary follows its name (recorded since session 60)
+    for named in (
+        "+lookup8 p0.02 |",
+        "+lookup8 rt0.5 |",
+        "n12 v4096 compiled |",
+        "| eagle3 v4096 |",
+    ):
         assert named in before
     # q32_wd's budget row: data and features from an earlier run, eval not selected
     assert "| q32_wd | 316634 | True | 672 | 1.475 | reused | reused | 4.7 | - |" in before
