@@ -108,15 +108,17 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
         "tau": stats.tau,
         "depth_acceptance": stats.depth_acceptance(),
         "draft_vocab_size": 0 if vocab is None else vocab.numel(),
+        "head_draft_vocab_size": head.own_vocab_size,  # as eval's results.json head entry
         "nodes_per_forward": stats.nodes_per_forward,
     }
-    cut = "" if vocab is None else f", drafting over {vocab.numel()} tokens"
+    own = f" with its own {head.own_vocab_size}-token vocabulary" if head.own_vocab_size else ""
+    extra = "" if vocab is None else f", drafting over {vocab.numel()} tokens"
     if cfg.tree.adaptive:
-        cut += f", adaptive: {result['nodes_per_forward']:.1f} nodes per forward"
+        extra += f", adaptive: {result['nodes_per_forward']:.1f} nodes per forward"
     lines = [
         f"{len(tokens)} tokens in {seconds:.2f} s ({result['tokens_per_second']:.1f} tokens/s), "
-        f"tau {stats.tau:.2f} over {stats.forwards} verification forwards ({head.name} head, "
-        f"{cfg.tree.kind} tree, {cfg.dtype}{cut})"
+        f"tau {stats.tau:.2f} over {stats.forwards} verification forwards ({head.name} head"
+        f"{own}, {cfg.tree.kind} tree, {cfg.dtype}{extra})"
     ]
     if g.compare:
         t0 = time.perf_counter()
