@@ -111,7 +111,9 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
         "head_draft_vocab_size": head.own_vocab_size,  # as eval's results.json head entry
         "nodes_per_forward": stats.nodes_per_forward,
     }
-    own = f" with its own {head.own_vocab_size}-token vocabulary" if head.own_vocab_size else ""
+    own = (
+        f" with its own {head.own_vocab_size}-token draft vocabulary" if head.own_vocab_size else ""
+    )
     extra = "" if vocab is None else f", drafting over {vocab.numel()} tokens"
     if cfg.tree.adaptive:
         extra += f", adaptive: {result['nodes_per_forward']:.1f} nodes per forward"

@@ -37,7 +37,8 @@ def test_streams_the_targets_greedy_output(head_dir: Path, tiny_tokenizer) -> No
     printed = out.getvalue()
     assert printed.startswith(text + "\n")
     assert "tau" in printed and "identical to the target's own greedy output" in printed
-    assert result["head_draft_vocab_size"] == 128  # the tiny EAGLE-3 head's, printed below
+    # the tiny EAGLE-3 head's (test_cli_streams_to_stdout checks the printed line)
+    assert result["head_draft_vocab_size"] == 128
 
 
 def test_adaptive_tree_decodes_exactly_and_reports_its_sizes(head_dir: Path) -> None:
@@ -87,8 +88,8 @@ def test_cli_streams_to_stdout(head_dir: Path, tmp_path: Path, capsys) -> None:
 
     assert main(["generate", f"runs_dir={tmp_path}/runs", *overrides(head_dir)]) == 0
     out = capsys.readouterr().out
-    said = "verification forwards (eagle3 head with its own 128-token vocabulary, dynamic tree,"
-    assert f"{said} float32)" in out
+    said = "verification forwards (eagle3 head with its own 128-token draft vocabulary,"
+    assert f"{said} dynamic tree, float32)" in out
 
 
 def test_a_divergence_is_located() -> None:
