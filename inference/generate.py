@@ -100,6 +100,7 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     tokens, stats = speculative(g.max_new_tokens, stream)
     seconds = time.perf_counter() - t0
     stream.end()
+    own_vocab = head.own_vocab_size  # EAGLE-3's; None for a head drafting from the target's
     result = {
         "text": tokenizer.decode(tokens, skip_special_tokens=True),
         "tokens": tokens,
@@ -108,12 +109,10 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
         "tau": stats.tau,
         "depth_acceptance": stats.depth_acceptance(),
         "draft_vocab_size": 0 if vocab is None else vocab.numel(),
-        "head_draft_vocab_size": head.own_vocab_size,  # as eval's results.json head entry
+        "head_draft_vocab_size": own_vocab,  # as eval's results.json head entry
         "nodes_per_forward": stats.nodes_per_forward,
     }
-    own = (
-        f" with its own {head.own_vocab_size}-token draft vocabulary" if head.own_vocab_size else ""
-    )
+    own = f" with its own {own_vocab}-token draft vocabulary" if own_vocab else ""
     extra = "" if vocab is None else f", drafting over {vocab.numel()} tokens"
     if cfg.tree.adaptive:
         extra += f", adaptive: {result['nodes_per_forward']:.1f} nodes per forward"
