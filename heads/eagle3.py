@@ -48,10 +48,6 @@ class Eagle3Config(HeadConfig):
     # unrolled training-time-test steps, and the weight decay^i of step i
     ttt_steps: int = 7
     step_decay: float = 0.8
-    # start lm_head and norm from the target's (its lm_head rows of the draft vocabulary, its
-    # final norm) instead of at random: the head's first logits are then the target's own
-    # reading of whatever features the layer outputs
-    init_from_target: bool = False
 
     def __post_init__(self) -> None:
         if self.ttt_steps < 1:
@@ -95,25 +91,6 @@ class Eagle3Head(AutoregressiveHead):
         d2t, t2d = build_vocab_mapping(counts, self.config.draft_vocab_size)
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
-        if self.config.init_from_target:
-            self.init_from_target()
-
-    @torch.no_grad()
-    def init_from_target(self) -> None:
-        """lm_head <- the target's lm_head rows of the draft vocabulary (times the target's logit
-        scale, which draft logits do not apply), norm <- the target's final norm."""
-        weight = self.parts.lm_head.weight[self.draft_token_ids()]  # [Vd, H]
-        self.lm_head.weight.copy_(weight * self.parts.logit_scale)
-        self.norm.weight.copy_(self.parts.norm.weight)
-        x = torch.randn(4, self.norm.weight.numel(), device=weight.device)  # [4, H]
-        if not torch.allclose(
-            self.norm(x), self.parts.norm(x.to(weight.dtype)).float(), 1e-2, 1e-2
-        ):
-            # e.g. Gemma's RMSNorm scales by 1 + weight
-            raise ValueError(
-                f"head.init_from_target: the target's final norm "
-                f"({type(self.parts.norm).__name__}) is not a plain RMSNorm"
-            )
 
     def draft_token_ids(self) -> torch.Tensor:
         """[Vd] target ids of the draft vocabulary, in draft-id order."""
