@@ -48,7 +48,6 @@ class Eagle3Config(HeadConfig):
     # unrolled training-time-test steps, and the weight decay^i of step i
     ttt_steps: int = 7
     step_decay: float = 0.8
-    lk_lambda: bool = False
 
     def __post_init__(self) -> None:
         if self.ttt_steps < 1:
@@ -126,7 +125,6 @@ class Eagle3Head(AutoregressiveHead):
         in_vocab = self.t2d[top].float()  # [M]
         hidden = hidden_out[select]  # [M, H]
         loss, correct = hidden.new_zeros((), dtype=torch.float32), top.new_zeros(())
-        overlap = hidden.new_zeros((), dtype=torch.float32)  # sum over rows of sum min(p, q)
         # in row blocks, the target's probabilities gathered per block: [M, Vd] blocks above
         # 32 MB would be page-faulted in afresh each time (heads.base.rows_per_block)
         rows = rows_per_block(self.config.draft_vocab_size)
@@ -135,15 +133,7 @@ class Eagle3Head(AutoregressiveHead):
             logits = self.draft_logits(hidden[s : s + rows]).float()  # [r, Vd]
             log_q = torch.log_softmax(logits, -1)
             loss = loss - ((probs * log_q).sum(-1) * in_vocab[s : s + rows]).sum()
-            if self.config.lk_lambda:
-                q = log_q.exp()
-                overlap = overlap + (torch.minimum(probs, q).sum(-1) * in_vocab[s : s + rows]).sum()
             with torch.no_grad():
                 agree = self.to_target_ids(logits.max(-1).indices) == top[s : s + rows]
                 correct = correct + agree.sum()
-        if self.config.lk_lambda:
-            # LK-lambda: KL weight exp(-alpha) from the step's mean acceptance alpha (detached)
-            n = in_vocab.sum().clamp_min(1.0)
-            w = torch.exp(-(overlap / n).detach())
-            loss = w * loss + (1 - w) * (n - overlap)
         return loss, correct
