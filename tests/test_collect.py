@@ -89,3 +89,36 @@ def test_collect_and_train_refuse_parts_that_miss_the_models_logits(
     with pytest.raises(ValueError, match="logits are not lm_head"):
         collect.run(compose(overrides))
     assert not list((tmp_path / "runs/t").glob("collect/**/*.safetensors"))
+
+
+def test_training_refuses_features_it_cannot_read_naming_the_file(
+    tmp_path: Path, tiny_target
+) -> None:
+    """Shards from another target, a damaged shard, an unfinished or missing collection: each
+    stops the training's reader with an error naming the folder or file."""
+    import dataclasses
+
+    from draftsmith.heads import TargetInfo
+    from draftsmith.train.data import ShardRows
+
+    tiny_run(tmp_path, rows=12)
+    out = tmp_path / "runs/t/collect"
+    info = json.loads((out / "index.json").read_text())
+    rows = ShardRows(out, "train", max_len=64)
+    mine = TargetInfo.from_hf_config(tiny_target.config, "tiny")
+    rows.check(mine, info["aux_layers"])  # its own target passes
+    other = dataclasses.replace(mine, name="other", hidden_size=mine.hidden_size * 2)
+    with pytest.raises(ValueError, match=r"come from target .* the head's target is other"):
+        rows.check(other, info["aux_layers"])
+
+    shard = sorted(out.glob("train/*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])  # cut short, header and all
+    with pytest.raises(ValueError, match=f"corrupted shard .*{shard.name}"):
+        ShardRows(out, "train", max_len=64)
+    index = out / "index.json"
+    index.write_text(json.dumps({**info, "complete": False}))
+    with pytest.raises(ValueError, match="collection is incomplete"):
+        ShardRows(out, "train", max_len=64)
+    index.unlink()
+    with pytest.raises(FileNotFoundError, match="no collected features"):
+        ShardRows(out, "train", max_len=64)

@@ -239,3 +239,41 @@ def test_regeneration_chunk_names_follow_their_settings() -> None:
         name(temperature=0.7, top_p=0.9),
     }
     assert len(names) == 5
+
+
+def test_regeneration_keeps_the_turns_answered_before_a_bad_prompt(
+    tiny_target, tiny_tokenizer
+) -> None:
+    """A user turn whose prompt is too long (or that the chat template rejects) ends that
+    conversation's regeneration: the turns answered before it are kept, a conversation with no
+    answer left is dropped, and each is reported by id."""
+    from draftsmith.conf.schema import RegenConfig
+    from draftsmith.train.regenerate import regenerate_chunk
+
+    long_user = Turn("user", " ".join(["word"] * 100))
+    keeps_one = Conversation("keeps_one", [*CONV.turns[:2], long_user, Turn("assistant", "x")])
+    too_long = Conversation("too_long", [long_user, Turn("assistant", "x")])
+    renderer = ConversationTokenizer(tiny_tokenizer)
+    limit = len(renderer.prompt_ids([{"role": "user", "content": "Hi there"}])) + 100
+    failures: list[str] = []
+    cfg = RegenConfig(max_new_tokens=4, max_prompt_len=limit)
+    out, produced = regenerate_chunk(
+        tiny_target, tiny_tokenizer, renderer, [CONV, keeps_one, too_long], cfg, failures
+    )
+    assert [c.id for c in out] == ["c", "keeps_one"]
+    assert [t.role for t in out[0].turns] == ["user", "assistant", "user", "assistant"]
+    assert [t.role for t in out[1].turns] == ["user", "assistant"]  # the long turn is gone
+    assert out[1].turns[0].content == "Hi there" and out[1].turns[1].content != "Hello!"
+    assert produced == 3 * 4  # three answered turns of 4 tokens (a random model: no EOS)
+    # in the order they happen: too_long's first turn, then keeps_one's second
+    assert [f.split(":")[0] for f in failures] == ["too_long", "keeps_one"]
+    assert all(f.endswith(f"tokens > max_prompt_len {limit}") for f in failures)
+
+    tokenizer = load_tokenizer(tiny_tokenizer.name_or_path)
+    tokenizer.chat_template = MISTRAL  # roles must alternate: a system turn is refused
+    mistral = ConversationTokenizer(tokenizer)
+    system = Conversation("system", [Turn("system", "be brief"), *CONV.turns])
+    failures = []
+    out, _ = regenerate_chunk(tiny_target, tokenizer, mistral, [system, CONV], cfg, failures)
+    assert [c.id for c in out] == ["c"]
+    assert len(failures) == 1 and failures[0].startswith("system: ")
