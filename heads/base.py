@@ -205,20 +205,10 @@ class HeadBatch:
     # [B, T] the target's argmax next token at each position, if precomputed (collect does)
     target_top: torch.Tensor | None = None
 
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> HeadBatch:
-        def move(t: torch.Tensor | None, float_like: bool) -> torch.Tensor | None:
-            if t is None:
-                return None
-            return t.to(device=device, dtype=dtype if (float_like and dtype) else t.dtype)
-
-        return HeadBatch(
-            move(self.input_ids, False),
-            move(self.loss_mask, False),
-            move(self.hidden, True),
-            move(self.aux, True),
-            move(self.lengths, False),
-            move(self.target_top, False),
-        )
+    def to(self, device: torch.device | str) -> HeadBatch:
+        """The batch on `device` (a tensor already there is not copied)."""
+        moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return HeadBatch(**{k: None if t is None else t.to(device) for k, t in moved.items()})
 
     def valid(self) -> torch.Tensor:
         """[B, T] bool: real (non-padding) positions."""
@@ -354,8 +344,9 @@ class DraftHead(nn.Module, ABC):
         """Training loss and metrics (must include `acc_0..acc_{k-1}` per draft depth)."""
 
     def forward(self, batch: HeadBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Training engines call the module: forward is the loss."""
-        return self.loss(batch)
+        """Training engines call the module: forward is the loss. Batches are built on the CPU
+        (collated shards, or online features): they go to the head's device here."""
+        return self.loss(batch.to(next(self.parameters()).device))
 
     # ---- persistence: config.json + model.safetensors --------------------------------------
     def config_dict(self) -> dict[str, Any]:

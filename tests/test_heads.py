@@ -341,3 +341,18 @@ def test_save_load_identical_and_target_check(
     )
     with pytest.raises(ValueError, match="hidden_size: head has 64, target has 32"):
         load_head(tmp_path / "head", other)
+
+
+def test_training_batches_go_to_the_heads_device(tiny_target, monkeypatch) -> None:
+    """Batches are built on the CPU (collated shards, online features); the head's forward,
+    which the training engine calls, moves them to the device of the head's weights (a rank's
+    GPU in a CUDA run; here the meta device), leaving absent parts absent."""
+    info = TargetInfo.from_hf_config(tiny_target.config)
+    head = build_head({"name": "medusa"}, info).to("meta")
+    seen: list[HeadBatch] = []
+    monkeypatch.setattr(head, "loss", lambda batch: seen.append(batch) or (None, {}))
+    ids = torch.zeros(1, 4, dtype=torch.long)  # [B, T]
+    head(HeadBatch(ids, torch.ones(1, 4), torch.zeros(1, 4, info.hidden_size), target_top=ids))
+    (batch,) = seen
+    assert {t.device.type for t in (batch.input_ids, batch.loss_mask, batch.hidden)} == {"meta"}
+    assert batch.target_top.device.type == "meta" and batch.aux is None and batch.lengths is None

@@ -166,7 +166,8 @@ def online_batch(
         ids[b, :n], mask[b, :n] = r["input_ids"], r["loss_mask"].float()
     device = next(target.parameters()).device
     hidden, aux = extract_features(target, ids.to(device), aux_layers)
-    top = TargetParts.from_model(target).top_tokens(hidden).cpu()
+    top = TargetParts.from_model(target).top_tokens(hidden)
     lengths = torch.tensor([r["input_ids"].shape[0] for r in rows])
-    aux = None if aux is None else aux.to(dtype).cpu()  # None: the head reads no aux layers
-    return HeadBatch(ids, mask, hidden.to(dtype).cpu(), aux, lengths, top)
+    aux = None if aux is None else aux.to(dtype)  # None: the head reads no aux layers
+    # the features stay on the target's device; the head's forward moves the rest there
+    return HeadBatch(ids, mask, hidden.to(dtype), aux, lengths, top)

@@ -34,9 +34,12 @@ def init_distributed(device: str) -> tuple[int, int]:
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port())),
             )
-        deepspeed.init_distributed(
-            dist_backend="nccl" if device.startswith("cuda") else "gloo", verbose=False
-        )
+        cuda = device.startswith("cuda")
+        if cuda:
+            # one GPU per rank: "cuda" then means this rank's GPU for the target, the head and
+            # every tensor made on "cuda" (else every rank would load its target onto GPU 0)
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -59,7 +62,6 @@ def ds_config(cfg: Config) -> dict:
         "gradient_clipping": t.grad_clip,
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
-        "bf16": {"enabled": cfg.device.startswith("cuda")},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
@@ -101,10 +103,12 @@ def build_engine(head: torch.nn.Module, cfg: Config, total_steps: int):
 
 
 def autocast(cfg: Config):
-    """Mixed precision for the head's forward on CPU (bf16 matmuls, fp32 master weights); on
-    CUDA the DeepSpeed bf16 engine already runs the head in bf16."""
-    enabled = cfg.device == "cpu" and cfg.dtype == "bfloat16"
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
+    """Mixed precision for the head's forward when `dtype=bfloat16`: bf16 matmuls over fp32
+    master weights, the same on CPU and CUDA. DeepSpeed's own bf16 mode stays off: it would
+    hold the head's weights in bf16, and the fp32 features would meet them in mixed-dtype
+    matmuls that only autocast reconciles."""
+    device_type = "cuda" if cfg.device.startswith("cuda") else "cpu"
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
 
 
 def barrier() -> None:
@@ -118,7 +122,8 @@ def all_ranks_finite(loss: torch.Tensor) -> bool:
     """True iff the loss is finite on every rank (a collective decision, so ranks stay in step)."""
     import torch.distributed as dist
 
-    flag = torch.tensor([0.0 if torch.isfinite(loss).all() else 1.0])
+    # on the loss's device: NCCL reduces CUDA tensors only
+    flag = torch.tensor([0.0 if torch.isfinite(loss).all() else 1.0], device=loss.device)
     if dist.is_initialized():
         dist.all_reduce(flag)
     return flag.item() == 0.0
