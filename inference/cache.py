@@ -12,12 +12,13 @@ from transformers import DynamicCache
 
 
 def keep_accepted(cache: DynamicCache, prefix: int, path: torch.Tensor) -> None:
-    """Cache [prefix | tree nodes] -> [prefix | tree nodes at `path`] in place, every layer."""
-    keep = prefix + path
+    """Cache [prefix | tree nodes] -> [prefix | tree nodes at `path`] in place, every layer.
+    `path` on the CPU (read here), whatever device the cache is on."""
     end = prefix + path.numel()
     # the path is ascending, so it is the tree's first nodes (the root alone, or the root and
     # its first child: half the steps on MT-bench) exactly when it ends at index len - 1: in place
     in_place = int(path[-1]) == path.numel() - 1
+    keep = (prefix + path).to(cache.layers[0].keys.device)  # [A]
     for layer in cache.layers:
         if getattr(layer, "sliding_window", None):
             raise ValueError("tree verification does not support sliding-window attention layers")

@@ -195,7 +195,8 @@ class SpecDecoder:
             FeatureCapture(self.target, self.aux_layers) as capture,
         ):
             out = self.target(input_ids=ids, **kv, use_cache=True, logits_to_keep=1)
-            root = pick(out.logits[0, -1], sampling, generator)
+            # picks, trees and acceptance run on the CPU (and draw from a CPU generator)
+            root = pick(out.logits[0, -1].cpu(), sampling, generator)
             self.drafter.reset()
             self.drafter.commit(
                 capture.hidden, capture.aux, torch.tensor([[*prompt[1:], root]], device=device)
@@ -232,12 +233,13 @@ class SpecDecoder:
                 # in the target's dtype: greedy picks are the same in bf16 (0.1 ms less per step)
                 # and sampling converts to fp32 itself
                 path, bonus = accept(tree, out.logits[0].cpu(), sampling, generator)
-                keep_accepted(cache, n, path.to(device))
+                keep_accepted(cache, n, path)
+                kept = path.to(device)
                 new = [*tree.tokens[path[1:]].tolist(), bonus]
                 t3 = timer()
                 self.drafter.commit(
-                    capture.hidden[:, path],
-                    None if capture.aux is None else capture.aux[:, path],
+                    capture.hidden[:, kept],
+                    None if capture.aux is None else capture.aux[:, kept],
                     torch.tensor([new], device=device),
                 )
                 t4 = timer()

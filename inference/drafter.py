@@ -40,15 +40,20 @@ def drafting_view(head: DraftHead, vocab: torch.Tensor | None) -> DraftHead:
 
 
 class _Drafter:
+    """Trees (tokens, parents, masks, scores) live on the CPU and the head on its own device: a
+    drafter hands the head its inputs on that device and returns log-probs on the CPU."""
+
     def __init__(self, head: DraftHead, vocab: torch.Tensor | None) -> None:
         self.head = drafting_view(head, vocab)
-        # [Vd] target ids on the device of the draft logits, or None: the head's own vocabulary
-        self.vocab = None if vocab is None else vocab.to(self.head.parts.lm_head.weight.device)
+        self.device = next(head.parameters()).device
+        # [Vd] target ids (CPU), or None: the head's own vocabulary
+        self.vocab = None if vocab is None else vocab.cpu()
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids of draft ids, both on the CPU."""
         if self.vocab is not None:
             return self.vocab[draft_ids]
-        return self.head.to_target_ids(draft_ids)
+        return self.head.to_target_ids(draft_ids.to(self.device)).cpu()
 
 
 class EagleDrafter(_Drafter):
@@ -71,7 +76,7 @@ class EagleDrafter(_Drafter):
         tokens that follow them [1, M]."""
         self.cache.crop(self.committed)
         M = next_tokens.shape[1]
-        positions = torch.arange(self.committed, self.committed + M)[None]
+        positions = torch.arange(self.committed, self.committed + M, device=self.device)[None]
         out = self.head.step(
             self.head.feature_input(hidden, aux), next_tokens, positions, self.cache
         )
@@ -80,7 +85,7 @@ class EagleDrafter(_Drafter):
         self.fed = torch.zeros(0, dtype=torch.long)
 
     def root_logprobs(self) -> torch.Tensor:
-        return torch.log_softmax(self.head.draft_logits(self.root_hidden)[0].float(), dim=-1)
+        return torch.log_softmax(self.head.draft_logits(self.root_hidden)[0].float(), -1).cpu()
 
     def expand(self, nodes: torch.Tensor, tree: Tree) -> torch.Tensor:
         parents = tree.parents[nodes]
@@ -89,8 +94,11 @@ class EagleDrafter(_Drafter):
             if self.node_hidden.numel():
                 grown[: self.node_hidden.shape[0]] = self.node_hidden
             self.node_hidden = grown
+        dev = self.device
         hidden_in = torch.where(
-            (parents == 0)[:, None], self.root_hidden, self.node_hidden[parents.clamp_min(0)]
+            (parents == 0).to(dev)[:, None],
+            self.root_hidden,
+            self.node_hidden[parents.clamp_min(0).to(dev)],
         )  # [F, H]
         F = nodes.numel()
         mask = torch.cat(
@@ -102,10 +110,16 @@ class EagleDrafter(_Drafter):
             dim=1,
         )  # [F, cache + F]
         positions = (self.committed - 1 + tree.depths[nodes])[None]
-        out = self.head.step(hidden_in[None], tree.tokens[nodes][None], positions, self.cache, mask)
-        self.node_hidden[nodes] = out[0]
+        out = self.head.step(
+            hidden_in[None],
+            tree.tokens[nodes][None].to(dev),
+            positions.to(dev),
+            self.cache,
+            mask.to(dev),
+        )
+        self.node_hidden[nodes.to(dev)] = out[0]
         self.fed = torch.cat([self.fed, nodes])
-        return torch.log_softmax(self.head.draft_logits(out[0]).float(), dim=-1)
+        return torch.log_softmax(self.head.draft_logits(out[0]).float(), dim=-1).cpu()
 
 
 class ParallelDrafter(_Drafter):
@@ -129,12 +143,12 @@ class ParallelDrafter(_Drafter):
         self.anchor = self.head.sequence_features(hidden, aux, self.cache)[:, -1]
         self.root_token = next_tokens[:, -1:]  # [1, 1]
 
-    def _logprobs(self, depth: int, count: int, path: torch.Tensor) -> torch.Tensor:
+    def _logprobs(self, depth: int, count: int, path: torch.Tensor | None) -> torch.Tensor:
         if not self.uses_path:  # Medusa: the same proposal for every node of a depth
             logits = self.head.depth_logits(depth, self.anchor)
-            return torch.log_softmax(logits.float(), -1).expand(count, -1)
-        logits = self.head.depth_logits(depth, self.anchor.expand(count, -1), path)
-        return torch.log_softmax(logits.float(), dim=-1)
+            return torch.log_softmax(logits.float(), -1).cpu().expand(count, -1)
+        logits = self.head.depth_logits(depth, self.anchor.expand(count, -1), path.to(self.device))
+        return torch.log_softmax(logits.float(), dim=-1).cpu()
 
     def root_logprobs(self) -> torch.Tensor:
         return self._logprobs(0, 1, self.root_token)[0]

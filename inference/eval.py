@@ -89,7 +89,8 @@ def chat_prompt(tokenizer, text: str, history: list[dict] | None = None) -> list
 def _top2_gap(target, sequence: list[int], position: int) -> float:
     """Target logit gap between its top-2 tokens when predicting sequence[position]."""
     with torch.no_grad():
-        logits = target(torch.tensor([sequence[:position]])).logits[0, -1].float()
+        ids = torch.tensor([sequence[:position]], device=next(target.parameters()).device)
+        logits = target(ids).logits[0, -1].float()
     top = logits.topk(2).values
     return float(top[0] - top[1])
 

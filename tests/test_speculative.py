@@ -418,3 +418,39 @@ def test_sampling_keeps_the_target_distribution(tree: str) -> None:
     p_value = torch.special.gammaincc(torch.tensor(dof / 2), chi2 / 2)
     assert counts[~keep].sum() <= 5 * (~keep).sum() + 10  # rare cells stay rare
     assert p_value > 0.001, f"chi2={chi2:.1f} dof={dof} p={p_value:.2e}"
+
+
+@pytest.mark.parametrize("head_name", sorted(HEADS))
+def test_decoding_on_another_device_mixes_no_devices(
+    head_name: str, tiny_target_dir, monkeypatch
+) -> None:
+    """The target and head on a device that is not the CPU, as on a GPU: the decoder and the
+    drafters hand them tensors on their device only, and read their outputs back with `.cpu()`,
+    where picks, trees and acceptance run (and draws use a CPU generator). The meta device
+    stands in for the GPU: mixing it with the CPU is an error, as with CUDA; it holds no values,
+    so `.cpu()` returns random ones of the same shape (any values make some tree)."""
+    from draftsmith.target import load_target
+
+    real_cpu = torch.Tensor.cpu
+
+    def cpu(self: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if not self.is_meta:
+            return real_cpu(self, *args, **kwargs)
+        return (
+            torch.rand(self.shape).to(self.dtype)
+            if self.is_floating_point()
+            else (torch.zeros(self.shape, dtype=self.dtype))
+        )
+
+    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+    target = load_target(str(tiny_target_dir)).to("meta")
+    info = TargetInfo.from_hf_config(target.config)
+    head = build_head(dict(HEADS[head_name]), info).to("meta")
+    head.bind(TargetParts.from_model(target)).eval()
+    generator = torch.Generator().manual_seed(0)
+    for tree in ("dynamic+lookup", "static", "chain"):
+        decoder = SpecDecoder(target, head, TREES[tree])
+        for temperature in (0.0, 1.0):
+            sampling = Sampling(temperature=temperature)
+            out, stats = decoder.generate(list(range(5, 25)), 12, sampling, generator=generator)
+            assert len(out) == 12 and stats.forwards >= 1, (tree, temperature)
