@@ -208,3 +208,28 @@ def test_openai_content_parts(tmp_path: Path) -> None:
     convs, report = read_conversations(str(path))
     assert [t.content for t in convs[0].turns] == ["Describe the sky.", "ok"]
     assert report.skipped == {"non-text content part": 1, "non-string content": 1}
+
+
+def test_rows_of_the_wrong_shape_are_skipped_with_their_reasons(tmp_path: Path) -> None:
+    """A row that is not an object, a turn list that is not a list or holds a non-object, and
+    MT-bench turns that are not strings: each row is skipped, counted by reason and named by its
+    row number; the good row survives."""
+    path = tmp_path / "m.jsonl"
+    good = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+    rows = [
+        [1, 2],
+        {"messages": "not a list"},
+        {"messages": [{"role": "user", "content": "u"}, "a bare string"]},
+        {"turns": ["fine", 7]},
+        good,
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    convs, report = read_conversations(str(path))
+    assert [c.turns[1].content for c in convs] == ["a"]
+    assert report.skipped == {
+        "not an object": 1,
+        "not a list": 1,
+        "turn 1 is not an object": 1,
+        "non-string content": 1,
+    }
+    assert [e.split(":")[0] for e in report.examples] == ["row 0", "row 1", "row 2", "row 3"]
