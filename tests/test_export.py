@@ -288,6 +288,14 @@ def test_refusals(info, tiny_target, tmp_path: Path, make_tiny) -> None:
     out = export_head(trained_like("eagle3", info, tiny_target), "vllm", tmp_path / "v")
     with pytest.raises(FormatError, match="needs"):
         load_head(out, other)
+    # a folder with no weights at all, and one whose weights fit no known layout
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FormatError, match="empty: no model.safetensors, pytorch_model.bin"):
+        load_head(tmp_path / "empty", info)
+    (tmp_path / "odd").mkdir()
+    save_file({"encoder.weight": torch.zeros(2, 2)}, str(tmp_path / "odd" / "model.safetensors"))
+    with pytest.raises(FormatError, match=r"odd: weights match no known head layout .*encoder"):
+        load_head(tmp_path / "odd", info)
     # a head path that does not exist (no trained head yet) says how to get one
     with pytest.raises(FileNotFoundError, match="no such head folder.*draftsmith train"):
         load_head(tmp_path / "nowhere", info)
