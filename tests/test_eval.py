@@ -149,3 +149,25 @@ def test_a_failing_eval_stops_its_workers(
         evaluate.evaluate(compose(overrides))
     assert multiprocessing.active_children() == []
     assert not list((tmp_path / "runs").glob("worker*.done"))
+
+
+def test_a_greedy_mismatch_records_where_and_the_targets_top2_gap(tiny_target) -> None:
+    """The record of an output that left vanilla greedy decoding: the first differing position
+    and the gap between the target's top-2 logits there (what tells a near-tie in bf16 from a
+    verification bug); an output that only ran longer has no gap to report."""
+    import torch
+
+    prompt, ref = [5, 6, 7], [10, 11, 12, 13, 14]
+    out = [10, 11, 99, 13, 14]
+    record = evaluate._mismatch(tiny_target, prompt, out, ref, index=4, turn=1)
+    with torch.no_grad():
+        logits = tiny_target(torch.tensor([prompt + ref[:2]])).logits[0, -1].float()
+    top = logits.topk(2).values
+    assert record == {
+        "prompt": 4,
+        "turn": 1,
+        "first_divergence": 2,
+        "top2_gap": pytest.approx(float(top[0] - top[1])),
+    }
+    longer = evaluate._mismatch(tiny_target, prompt, ref + [15], ref, index=0, turn=0)
+    assert longer["first_divergence"] == 5 and longer["top2_gap"] is None
