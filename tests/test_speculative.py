@@ -436,11 +436,9 @@ def test_decoding_on_another_device_mixes_no_devices(
     def cpu(self: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if not self.is_meta:
             return real_cpu(self, *args, **kwargs)
-        return (
-            torch.rand(self.shape).to(self.dtype)
-            if self.is_floating_point()
-            else (torch.zeros(self.shape, dtype=self.dtype))
-        )
+        if self.is_floating_point():
+            return torch.rand(self.shape).to(self.dtype)
+        return torch.zeros(self.shape, dtype=self.dtype)
 
     monkeypatch.setattr(torch.Tensor, "cpu", cpu)
     target = load_target(str(tiny_target_dir)).to("meta")
