@@ -277,3 +277,32 @@ def test_non_finite_loss_stops_or_skips(run_overrides, monkeypatch) -> None:
         .splitlines()
     ]
     assert sum(r.get("train/skipped", 0) for r in rows) == 1
+
+
+def test_each_cuda_rank_takes_its_own_gpu(monkeypatch) -> None:
+    """Under a launcher, rank r of a CUDA run makes GPU LOCAL_RANK its current device before
+    joining NCCL, so its target, head and every tensor made on "cuda" land on its own GPU
+    (without it every rank would load its target onto GPU 0). No GPU here: the calls are
+    recorded, not made."""
+    import deepspeed
+    import torch.distributed as dist
+
+    from draftsmith.train import engine
+
+    calls: dict = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "get_rank", lambda: 3)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.setdefault("gpu", index))
+    monkeypatch.setattr(
+        deepspeed,
+        "init_distributed",
+        lambda dist_backend, verbose: calls.setdefault("backend", dist_backend),
+    )
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert engine.init_distributed("cuda") == (3, 4)
+    assert calls == {"gpu": 1, "backend": "nccl"}
+    calls.clear()
+    assert engine.init_distributed("cpu") == (3, 4)
+    assert calls == {"backend": "gloo"}  # a CPU run picks no GPU
