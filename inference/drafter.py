@@ -95,10 +95,9 @@ class EagleDrafter(_Drafter):
                 grown[: self.node_hidden.shape[0]] = self.node_hidden
             self.node_hidden = grown
         dev = self.device
+        on_dev = parents.to(dev)  # [F], one transfer for both reads
         hidden_in = torch.where(
-            (parents == 0).to(dev)[:, None],
-            self.root_hidden,
-            self.node_hidden[parents.clamp_min(0).to(dev)],
+            (on_dev == 0)[:, None], self.root_hidden, self.node_hidden[on_dev.clamp_min(0)]
         )  # [F, H]
         F = nodes.numel()
         mask = torch.cat(
