@@ -20,6 +20,7 @@ import multiprocessing
 import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -327,42 +328,55 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
     n = _processes(cfg)
     indices = range(shard, len(conversations), n)
     desc = f"eval {e.benchmark}" + (f" (worker {shard + 1}/{n})" if n > 1 else "")
-    for index in tqdm(indices, desc=desc, unit="conv", position=shard):
-        turns = conversations[index]
-        # per method: each turn's prompt and output; later turns follow the method's own answers
-        seen: dict[str, list[tuple[list[int], list[int]]]] = {}
-        # the order rotates per conversation so no method always runs first (warm caches, clocks)
-        order = methods[index % len(methods) :] + methods[: index % len(methods)]
-        for method in order:
-            history: list[dict] = []
-            seen[method] = []
-            for turn, text in enumerate(turns):
-                prompt = chat_prompt(tokenizer, text, history)
-                # turn 0 keeps the seed a first-turn eval has always used
-                seed = cfg.seed + index + turn * len(conversations)
-                t0 = time.perf_counter()
-                out, prompt_stats = decode(method, prompt, seed)
-                seconds[method] += time.perf_counter() - t0
-                if prompt_stats is not None:
-                    by_run[method].records.append((index, turn, categories[index], prompt_stats))
-                tokens[method] += len(out)
-                seen[method].append((prompt, out))
-                answer = tokenizer.decode(out, skip_special_tokens=True)
-                history += [
-                    {"role": "user", "content": text},
-                    {"role": "assistant", "content": answer},
-                ]
-        if sampling.greedy and "vanilla" in seen:
-            for c in contenders:
-                for turn, ((prompt, out), (ref_prompt, ref)) in enumerate(
-                    zip(seen[c.run], seen["vanilla"])
-                ):
-                    if prompt != ref_prompt:  # an earlier turn diverged: not like for like
-                        break
-                    c.compared += 1
-                    if out != ref:
-                        c.mismatches.append(_mismatch(target, prompt, out, ref, index, turn))
+    with _no_compiling(e.compile):
+        for index in tqdm(indices, desc=desc, unit="conv", position=shard):
+            turns = conversations[index]
+            # per method: each turn's prompt and output; later turns follow the method's own
+            # answers
+            seen: dict[str, list[tuple[list[int], list[int]]]] = {}
+            # the order rotates per conversation so no method always runs first (warm caches,
+            # clocks)
+            order = methods[index % len(methods) :] + methods[: index % len(methods)]
+            for method in order:
+                history: list[dict] = []
+                seen[method] = []
+                for turn, text in enumerate(turns):
+                    prompt = chat_prompt(tokenizer, text, history)
+                    # turn 0 keeps the seed a first-turn eval has always used
+                    seed = cfg.seed + index + turn * len(conversations)
+                    t0 = time.perf_counter()
+                    out, prompt_stats = decode(method, prompt, seed)
+                    seconds[method] += time.perf_counter() - t0
+                    if prompt_stats is not None:
+                        by_run[method].records.append(
+                            (index, turn, categories[index], prompt_stats)
+                        )
+                    tokens[method] += len(out)
+                    seen[method].append((prompt, out))
+                    answer = tokenizer.decode(out, skip_special_tokens=True)
+                    history += [
+                        {"role": "user", "content": text},
+                        {"role": "assistant", "content": answer},
+                    ]
+            if sampling.greedy and "vanilla" in seen:
+                for c in contenders:
+                    for turn, ((prompt, out), (ref_prompt, ref)) in enumerate(
+                        zip(seen[c.run], seen["vanilla"])
+                    ):
+                        if prompt != ref_prompt:  # an earlier turn diverged: not like for like
+                            break
+                        c.compared += 1
+                        if out != ref:
+                            c.mismatches.append(_mismatch(target, prompt, out, ref, index, turn))
     return _Pass(contenders, conversations, categories, info, packed, tokens, seconds)
+
+
+def _no_compiling(compiled: bool) -> AbstractContextManager:
+    """Around the timed decodes of a compiled target: a call pattern the warm-up did not meet
+    (a prompt-lookup step over a cache of another layout, a first top-2 gap check) runs eagerly
+    instead of compiling, which takes minutes on 2 cores and would be billed to one method's
+    time (session 62: 125 s inside one MT-bench prompt-lookup decode)."""
+    return torch.compiler.set_stance("eager_on_recompile") if compiled else nullcontext()
 
 
 def _results(cfg: Config, p: _Pass) -> dict[str, dict]:

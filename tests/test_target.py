@@ -120,3 +120,24 @@ def test_checkpoint_generation_defaults_are_not_applied(make_tiny, tiny_target_d
     assert outputs[0].tolist() == outputs[1].tolist()
     # the special tokens stay
     assert models[0].generation_config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_timed_decodes_of_a_compiled_target_never_compile() -> None:
+    """Inside the eval's timed decodes a call pattern the warm-up did not meet runs eagerly (no
+    new graph, so no minutes of compiling billed to one method), with the eager outputs."""
+    from torch._dynamo.utils import counters
+
+    from draftsmith.inference.eval import _no_compiling
+
+    eager, compiled = load_target(TINY_NAME), load_target(TINY_NAME)
+    compile_target(compiled)
+    ids = torch.randint(0, 200, (1, 6))
+    with torch.no_grad():
+        compiled(input_ids=ids, use_cache=False)  # the warm-up's pattern
+        graphs = counters["stats"]["unique_graphs"]
+        with _no_compiling(True):
+            unseen = compiled(input_ids=ids, use_cache=True, output_hidden_states=True)
+        assert counters["stats"]["unique_graphs"] == graphs
+        torch.testing.assert_close(unseen.logits, eager(input_ids=ids).logits)
+        compiled(input_ids=ids, use_cache=True, output_hidden_states=True)  # outside: compiles
+    assert counters["stats"]["unique_graphs"] > graphs
