@@ -306,3 +306,23 @@ def test_each_cuda_rank_takes_its_own_gpu(monkeypatch) -> None:
     calls.clear()
     assert engine.init_distributed("cpu") == (3, 4)
     assert calls == {"backend": "gloo"}  # a CPU run picks no GPU
+
+
+def test_resume_restores_the_gpu_generator_too(monkeypatch) -> None:
+    """A checkpoint of a CUDA run holds its GPU's generator state and resuming puts it back
+    (EAGLE-1's feature noise draws on the GPU); a CPU run's holds none. No GPU here: the GPU
+    generator is a recorded stand-in."""
+    import random
+
+    from draftsmith.train.loop import restore_rng, rng_state
+
+    gpu = {"state": torch.tensor([1, 2, 3], dtype=torch.uint8)}
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: gpu["state"].clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s: gpu.update(state=s))
+    assert "cuda" not in rng_state("cpu")
+    saved = rng_state("cuda")
+    cpu, python = torch.rand(3), random.random()
+    gpu["state"] = torch.tensor([9, 9, 9], dtype=torch.uint8)  # the GPU drew meanwhile
+    restore_rng(saved)
+    assert torch.equal(torch.rand(3), cpu) and random.random() == python
+    assert gpu["state"].tolist() == [1, 2, 3]

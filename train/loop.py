@@ -177,8 +177,7 @@ def run(cfg: Config) -> dict:
             raise FileNotFoundError(f"resume=true but {ckpt}/latest does not exist")
         step, best = state["step"], state["best"]
         earlier = state.get("seconds", 0.0)  # checkpoints before session 35 lack it
-        torch.set_rng_state(state["rng"][rank]["torch"])
-        random.setstate(state["rng"][rank]["python"])
+        restore_rng(state["rng"][rank])
     tracker = Tracker(out, cfg.tracking, cfg.run_name, cfg) if rank == 0 else None
     bar = tqdm(total=total, initial=step, desc=f"train {head.name}", disable=rank != 0)
     window: dict[str, float] = {}
@@ -230,9 +229,9 @@ def run(cfg: Config) -> dict:
                 best = held["heldout/sim_tau"]
                 save_head(engine, head, out / "best", rank)
         if step % t.save_every == 0 or step in (total, stop):
-            rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
             seconds = earlier + time.perf_counter() - started
-            state = {"step": step, "best": best, "rng": _gather(rng, world), "seconds": seconds}
+            rng = _gather(rng_state(cfg.device), world)
+            state = {"step": step, "best": best, "rng": rng, "seconds": seconds}
             last_good = ds.save_checkpoint(engine, ckpt, step, state, t.keep_last, rank)
     bar.close()
     if step < total:  # time-boxed: the checkpoint above is the state to resume from
@@ -268,6 +267,23 @@ def loss_on_all(make_batch: MakeBatch) -> MakeBatch:
         return batch
 
     return wrapped
+
+
+def rng_state(device: str) -> dict:
+    """This rank's random generators, for an identical loss curve after resuming: Python's, the
+    CPU's and, on a GPU, its current device's (EAGLE-1's feature noise draws there)."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.device(device).type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    """Undo `rng_state` (checkpoints from before session 62 hold no GPU state)."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _gather(obj, world: int) -> list:
