@@ -179,6 +179,22 @@ class _Contender:
             )
         return stats, by_category, per_prompt
 
+    def compare(
+        self,
+        target: torch.nn.Module,
+        mine: list[tuple[list[int], list[int]]],
+        vanilla: list[tuple[list[int], list[int]]],
+        index: int,
+    ) -> None:
+        """Count conversation `index`'s greedy turns (prompt, output) against vanilla's, up to
+        the first whose prompt differs, and record where each differing output left vanilla."""
+        for turn, ((prompt, out), (ref_prompt, ref)) in enumerate(zip(mine, vanilla)):
+            if prompt != ref_prompt:  # an earlier turn diverged: not like for like
+                break
+            self.compared += 1
+            if out != ref:
+                self.mismatches.append(_mismatch(target, prompt, out, ref, index, turn))
+
 
 @dataclass
 class _Pass:
@@ -360,14 +376,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
                     ]
             if sampling.greedy and "vanilla" in seen:
                 for c in contenders:
-                    for turn, ((prompt, out), (ref_prompt, ref)) in enumerate(
-                        zip(seen[c.run], seen["vanilla"])
-                    ):
-                        if prompt != ref_prompt:  # an earlier turn diverged: not like for like
-                            break
-                        c.compared += 1
-                        if out != ref:
-                            c.mismatches.append(_mismatch(target, prompt, out, ref, index, turn))
+                    c.compare(target, seen[c.run], seen["vanilla"], index)
     return _Pass(contenders, conversations, categories, info, packed, tokens, seconds)
 
 

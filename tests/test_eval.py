@@ -171,3 +171,15 @@ def test_a_greedy_mismatch_records_where_and_the_targets_top2_gap(tiny_target) -
     }
     longer = evaluate._mismatch(tiny_target, prompt, ref + [15], ref, index=0, turn=0)
     assert longer["first_divergence"] == 5 and longer["top2_gap"] is None
+
+
+def test_greedy_turns_are_compared_until_a_prompt_differs(tiny_target) -> None:
+    """A head's turns count against vanilla's while both answered the same prompt: a differing
+    answer is recorded, and no later turn (asked after a different answer) is compared."""
+    head = evaluate._Contender(run="r", head_path="h", decoder=None, draft_vocab=0)
+    same, other = [5, 6, 7], [5, 6, 8]
+    vanilla = [(same, [1, 2]), (same, [3]), (same + [9], [4]), (same, [5])]
+    mine = [(same, [1, 2]), (same, [3, 3]), (other, [4]), (same, [6])]
+    head.compare(tiny_target, mine, vanilla, index=7)
+    assert head.compared == 2
+    assert [(m["prompt"], m["turn"], m["first_divergence"]) for m in head.mismatches] == [(7, 1, 1)]
