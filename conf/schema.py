@@ -187,6 +187,13 @@ class DeepSpeedConfig:
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"deepspeed.zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
+        for mode in ("bf16", "fp16"):
+            if (self.extra.get(mode) or {}).get("enabled"):
+                raise ValueError(
+                    f"deepspeed.extra.{mode}.enabled: DeepSpeed's {mode} mode would hold the "
+                    "head's weights in half precision against the target's fp32 features; "
+                    "set dtype=bfloat16 instead (bf16 autocast over fp32 master weights)"
+                )
 
 
 @dataclass

@@ -172,3 +172,13 @@ def test_eval_folder_names_the_settings_and_stays_under_the_run() -> None:
     assert tag.startswith("tune_prompts-dynamic-")
     assert Path(cfg.stage_dir("eval"), tag).parent == Path(cfg.stage_dir("eval"))
     assert eval_tag(compose()).startswith("mt-bench-dynamic-")
+
+
+def test_deepspeed_half_precision_modes_are_refused() -> None:
+    """DeepSpeed's own bf16/fp16 modes would meet fp32 features with half-precision weights;
+    the config names the key and what to set instead, while other extra keys pass through."""
+    for mode in ("bf16", "fp16"):
+        with pytest.raises(ValueError, match=f"deepspeed.extra.{mode}.enabled.*dtype=bfloat16"):
+            compose([f"+deepspeed.extra.{mode}.enabled=true"])
+    cfg = compose(["+deepspeed.extra.communication_data_type=fp32"])
+    assert cfg.deepspeed.extra == {"communication_data_type": "fp32"}

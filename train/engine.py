@@ -1,9 +1,10 @@
 """The only module that touches DeepSpeed: process group, engine, checkpoints, weight gathering.
 
-On CUDA the engine trains in bf16 with NCCL; on CPU in fp32 over gloo, so multi-rank training is
-exercised for real on machines without GPUs. Checkpoints are written with `save_latest=False`;
-`latest` is then replaced atomically by rank 0 after a barrier, so it never names a partial
-checkpoint. Older checkpoints beyond `keep_last` are deleted.
+On CUDA the engine runs over NCCL, on CPU over gloo, so multi-rank training is exercised for real
+on machines without GPUs; `dtype=bfloat16` autocasts the head's forward on either (`autocast`).
+Checkpoints are written with `save_latest=False`; `latest` is then replaced atomically by rank 0
+after a barrier, so it never names a partial checkpoint. Older checkpoints beyond `keep_last` are
+deleted.
 """
 
 from __future__ import annotations
