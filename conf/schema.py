@@ -188,7 +188,8 @@ class DeepSpeedConfig:
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"deepspeed.zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
         for mode in ("bf16", "fp16"):
-            if (self.extra.get(mode) or {}).get("enabled"):
+            section = self.extra.get(mode)
+            if isinstance(section, dict) and section.get("enabled"):
                 raise ValueError(
                     f"deepspeed.extra.{mode}.enabled: DeepSpeed's {mode} mode would hold the "
                     "head's weights in half precision against the target's fp32 features; "
