@@ -273,7 +273,7 @@ def rng_state(device: str) -> dict:
     """This rank's random generators, for an identical loss curve after resuming: Python's, the
     CPU's and, on a GPU, its current device's (EAGLE-1's feature noise draws there)."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.device(device).type == "cuda":
+    if device.startswith("cuda"):
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
