@@ -74,7 +74,8 @@ class ReadReport:
     def summary(self) -> str:
         text = f"{self.source}: kept {self.rows_kept}/{self.rows_seen} rows"
         if self.skipped:
-            text += f"; skipped {dict(self.skipped)}"
+            # the first few rows by index, so a user can open the file at them
+            text += f"; skipped {dict(self.skipped)}, e.g. " + "; ".join(self.examples[:3])
         if self.truncated_bytes:
             text += (
                 f"; file truncated: {self.truncated_bytes} trailing bytes of an incomplete record"

@@ -97,6 +97,29 @@ def write_conversations(path: Path) -> None:
     path.write_text(json.dumps(rows))
 
 
+def test_prepare_without_training_rows_names_the_rows_it_skipped(tmp_path: Path) -> None:
+    from draftsmith.train import prepare
+
+    rows = [
+        {"messages": [{"role": "user", "content": "a question"}]},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistent", "content": "y"}]},
+        {"messages": [{"role": "user", "content": "another question"}]},
+    ]
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join([*map(json.dumps, rows), "not json"]) + "\n")
+    cfg = compose([f"runs_dir={tmp_path}/runs", "target=tiny-random-llama", f"data.path={path}"])
+    # one conversation is held out and the other has no answer to learn (no regeneration):
+    # no training rows, and the error says which rows went where and why
+    with pytest.raises(ValueError, match="no usable training conversations") as err:
+        prepare.run(cfg)
+    message = str(err.value)
+    assert "kept 2/4 rows" in message
+    assert "row 1: unknown role: turn 1 has role='assistent'" in message
+    assert "row 3: invalid JSON" in message and "1 held out" in message
+    assert "no assistant turn" in message
+    assert not Path(cfg.stage_dir("prepare"), "stats.json").exists()
+
+
 def test_prepare_with_regeneration_resumes(tmp_path: Path, monkeypatch) -> None:
     from draftsmith.train import prepare, regenerate
 

@@ -86,7 +86,11 @@ def run(cfg: Config) -> dict:
         for name, convs in splits.items()
     }
     if not tokenized["train"]:
-        raise ValueError(f"no usable training conversations in {d.path}: skipped {dict(skipped)}")
+        templated = f"; rendering skipped {dict(skipped)}, e.g. {'; '.join(examples[:3])}"
+        raise ValueError(
+            f"no usable training conversations: {report.summary()}; "
+            f"{len(splits['heldout'])} held out for evaluation{templated if skipped else ''}"
+        )
     features = datasets.Features(
         {
             "id": datasets.Value("string"),
