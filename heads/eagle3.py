@@ -48,15 +48,10 @@ class Eagle3Config(HeadConfig):
     # unrolled training-time-test steps, and the weight decay^i of step i
     ttt_steps: int = 7
     step_decay: float = 0.8
-    # the temperature of the target distribution the head learns (1 = the target's own, as
-    # EAGLE-3); below 1 it is sharper, nearer the argmax that greedy verification accepts
-    target_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         if self.ttt_steps < 1:
             raise ValueError(f"ttt_steps={self.ttt_steps} must be >= 1")
-        if self.target_temperature <= 0:
-            raise ValueError(f"target_temperature={self.target_temperature} must be > 0")
 
 
 class Eagle3Head(AutoregressiveHead):
@@ -120,8 +115,7 @@ class Eagle3Head(AutoregressiveHead):
                 normed = self.parts.norm(batch.hidden)
                 weight = self.parts.lm_head.weight[self.draft_token_ids()]  # [Vd, H]
                 logits = self.parts.scaled(F.linear(normed, weight))  # [B, T, Vd]
-                temperature = self.config.target_temperature
-                scratch["probs"] = torch.softmax(logits.float() / temperature, dim=-1)
+                scratch["probs"] = torch.softmax(logits.float(), dim=-1)
                 top = batch.target_top
                 scratch["top"] = self.parts.top_tokens(batch.hidden) if top is None else top
         b, t = select.nonzero(as_tuple=True)  # [M] each: anchors that predict token t+i+1
