@@ -62,11 +62,19 @@ class RegenConfig(SamplingKeys):
     # "padded": length-sorted, left-padded batches; a row leaves the batch and its KV cache at
     # EOS. "generate": transformers generate() on the same batches (finished rows keep stepping
     # until the longest answer ends). "continuous": transformers generate_batch() (continuous
-    # batching: a finished row's slot is refilled at once)
+    # batching: a finished row's slot is refilled at once). "server": OpenAI-compatible servers
+    # running the target (`servers` below; draftsmith.train.regen_server)
     engine: str = "padded"
-    # rows generated together; SmolLM2 on 2 CPU cores: batch 32 gives 4.6x the tokens/s of
-    # batch 1 (scripts/bench_data.py, 256 new tokens)
+    # rows generated together (with engine=server: prompts per request); SmolLM2 on 2 CPU cores:
+    # batch 32 gives 4.6x the tokens/s of batch 1 (scripts/bench_data.py, 256 new tokens)
     batch_size: int = 32
+    # engine=server: base URLs of servers running the target, e.g. [http://localhost:8000/v1]
+    # (vllm serve, python -m sglang.launch_server, trtllm-serve); requests are spread over them
+    servers: list[str] = field(default_factory=list)
+    # engine=server: the name the servers know the target by (null: the first of /v1/models)
+    server_model: str | None = None
+    # engine=server: seconds one request (batch_size prompts) may take
+    server_timeout: float = 600.0
     # continuous engine: most tokens in one forward (prompts are prefilled in chunks of this)
     max_batch_tokens: int = 512
     # conversations per resumable chunk file
@@ -83,6 +91,12 @@ class RegenConfig(SamplingKeys):
 
     def __post_init__(self) -> None:
         self.check_sampling("data.regen")
+        _check(self.engine, ("padded", "generate", "continuous", "server"), "data.regen.engine")
+        if self.engine == "server" and not self.servers:
+            raise ValueError(
+                "data.regen.engine=server needs data.regen.servers=[http://HOST:PORT/v1,...], "
+                "OpenAI-compatible servers running the target"
+            )
 
 
 @dataclass

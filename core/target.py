@@ -139,7 +139,7 @@ def load_target(
     model.to(device)
     model.eval()
     model.requires_grad_(False)
-    model.generation_config = _special_tokens_only(model.generation_config)
+    model.generation_config = special_tokens_only(model.generation_config)
     head = model.get_output_embeddings()
     if head is not None:
         head.register_forward_pre_hook(_contiguous_input)
@@ -156,7 +156,7 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     return list(dict.fromkeys(i for i in [tokenizer.eos_token_id, *listed] if i is not None))
 
 
-def _special_tokens_only(config):
+def special_tokens_only(config):
     """The checkpoint's generation config without its decoding defaults. draftsmith decodes
     with exactly the keys it is given (eval, generate, regeneration), but transformers'
     `generate`, which the baselines and regeneration call, applies whatever the checkpoint's

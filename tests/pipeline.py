@@ -1,4 +1,5 @@
-"""Helpers that build a small prepared + collected run on the tiny target, for stage tests."""
+"""Helpers that build small inputs and a prepared + collected run on the tiny target, for stage
+tests."""
 
 from __future__ import annotations
 
@@ -43,3 +44,21 @@ def tiny_run(root: Path, rows: int = 40, extra: list[str] | None = None) -> list
     prepare.run(compose(overrides))
     collect.run(compose(overrides))
     return overrides
+
+
+def write_conversations(path: Path) -> None:
+    rows = [
+        {
+            "id": f"r{i}",
+            "conversations": [
+                {"from": "human", "value": f"question {i}?"},
+                {"from": "gpt", "value": f"answer {i}."},
+                {"from": "human", "value": "more"},
+                {"from": "gpt", "value": "ok " * (i % 5)},
+            ],
+        }
+        for i in range(30)
+    ]
+    rows.append({"id": "bad", "conversations": [{"from": "alien", "value": "?"}]})
+    rows.append({"id": "noasst", "conversations": [{"from": "human", "value": "only a question"}]})
+    path.write_text(json.dumps(rows))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pipeline import write_conversations
 
 from draftsmith.config import compose
 from draftsmith.conversations import Conversation, Turn
@@ -77,24 +78,6 @@ def test_bad_rows_are_rejected_with_reasons(tiny_tokenizer) -> None:
     assert tokenizer.decode([t for t, m in zip(plain.input_ids, plain.loss_mask) if m]) == (
         "Hello!<|im_end|>\nBye.<|im_end|>\n"
     )
-
-
-def write_conversations(path: Path) -> None:
-    rows = [
-        {
-            "id": f"r{i}",
-            "conversations": [
-                {"from": "human", "value": f"question {i}?"},
-                {"from": "gpt", "value": f"answer {i}."},
-                {"from": "human", "value": "more"},
-                {"from": "gpt", "value": "ok " * (i % 5)},
-            ],
-        }
-        for i in range(30)
-    ]
-    rows.append({"id": "bad", "conversations": [{"from": "alien", "value": "?"}]})
-    rows.append({"id": "noasst", "conversations": [{"from": "human", "value": "only a question"}]})
-    path.write_text(json.dumps(rows))
 
 
 def test_prepare_without_training_rows_names_the_rows_it_skipped(tmp_path: Path) -> None:

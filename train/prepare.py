@@ -22,6 +22,7 @@ from draftsmith.conversations import Conversation, read_conversations
 from draftsmith.files import write_text_atomic
 from draftsmith.packed import pack_linears
 from draftsmith.target import load_target, load_tokenizer
+from draftsmith.train.regen_server import served_target
 from draftsmith.train.regenerate import regenerate
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
@@ -47,6 +48,23 @@ def tokenize_all(
     return rows
 
 
+def _answering_target(cfg: Config):
+    """The target as regeneration runs it: loaded (packed: the same answers, faster), or only
+    its config files when servers run it (data.regen.engine=server)."""
+    if cfg.data.regen.engine == "server":
+        return served_target(cfg.target.path, cfg.target.trust_remote_code)
+    target = load_target(
+        cfg.target.path,
+        cfg.dtype,
+        cfg.device,
+        cfg.target.trust_remote_code,
+        attn_implementation=cfg.data.regen.attn_implementation,
+    )
+    if cfg.target.pack_linears:
+        pack_linears(target)
+    return target
+
+
 def run(cfg: Config) -> dict:
     import datasets
 
@@ -64,15 +82,7 @@ def run(cfg: Config) -> dict:
     tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
     renderer = ConversationTokenizer(tokenizer, d.template, d.max_len, d.length_policy)
     if d.regenerate:
-        target = load_target(
-            cfg.target.path,
-            cfg.dtype,
-            cfg.device,
-            cfg.target.trust_remote_code,
-            attn_implementation=d.regen.attn_implementation,
-        )
-        if cfg.target.pack_linears:
-            pack_linears(target)  # the same answers, generated faster
+        target = _answering_target(cfg)
         for name in ("heldout", "train"):
             n = len(splits[name]) if d.regen.rows is None else d.regen.rows
             first, rest = splits[name][:n], splits[name][n:]

@@ -2,7 +2,8 @@
 
 Multi-turn aware (turn j is answered with the target's own earlier answers in context), batched
 (length-sorted, left-padded batches that drop rows as they end; or transformers' `generate` /
-continuous batching), greedy or sampled, stopping at EOS. Work is written
+continuous batching; or OpenAI-compatible servers running the target: regen_server.py), greedy
+or sampled, stopping at EOS. Work is written
 in chunks of rows (`chunk_00000_<digest>.jsonl`, atomically); a rerun skips finished chunks. The
 digest covers the chunk's conversation ids, the target and the generation settings, so a rerun
 with other data (limit, seed, chunk_rows) or settings regenerates instead of reusing stale answers.
@@ -26,6 +27,7 @@ from draftsmith.conversations import Conversation, Turn
 from draftsmith.files import write_text_atomic
 from draftsmith.inference.verify import Sampling, generate_kwargs
 from draftsmith.target import cache_kwarg, stop_token_ids
+from draftsmith.train.regen_server import ServerClient, ServerError
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
 
@@ -147,11 +149,21 @@ def generate_answers(
             if progress is not None:
                 progress.update(len(chunk))
     else:
-        raise ValueError(
-            f"data.regen.engine={cfg.engine!r}: expected 'padded', 'generate' or 'continuous'"
-        )
+        raise ValueError(f"data.regen.engine={cfg.engine!r} decodes no token ids in process")
     stops = set(stop_token_ids(target, tokenizer))
     return [row[: _first_stop(row, stops)] for row in rows]
+
+
+def answer_texts(
+    target, tokenizer, prompts: list[list[int]], cfg: RegenConfig, progress: tqdm | None = None
+) -> tuple[list[str | ServerError], int]:
+    """Every prompt's answer as text (or the error a server refused it with) and the new
+    tokens, from the engine `cfg` names."""
+    if cfg.engine == "server":
+        return ServerClient(cfg, stop_token_ids(target, tokenizer)).answers(prompts, progress)
+    answers = generate_answers(target, tokenizer, prompts, cfg, progress)
+    texts = [tokenizer.decode(answer, skip_special_tokens=True) for answer in answers]
+    return texts, sum(map(len, answers))
 
 
 def _first_stop(row: list[int], stops: set[int]) -> int:
@@ -207,10 +219,15 @@ def regenerate_chunk(
                 continue
             pending.append((i, prompt))
         pending.sort(key=lambda item: len(item[1]))  # length buckets: little padding per batch
-        answers = generate_answers(target, tokenizer, [p for _, p in pending], cfg, bar)
+        answers, tokens = answer_texts(target, tokenizer, [p for _, p in pending], cfg, bar)
+        produced += tokens
         for (i, _), answer in zip(pending, answers):
-            produced += len(answer)
-            done[i].append(Turn("assistant", tokenizer.decode(answer, skip_special_tokens=True)))
+            if isinstance(answer, ServerError):  # as a prompt past max_prompt_len above
+                failures.append(f"{conversations[i].id}: server refused the prompt: {answer}")
+                alive.discard(i)
+                done[i] = done[i][:-1]
+                continue
+            done[i].append(Turn("assistant", answer))
     bar.close()
     result = [
         Conversation(c.id, turns)
