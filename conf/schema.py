@@ -25,6 +25,10 @@ class TargetConfig:
     path: str = MISSING
     # run model code shipped with the checkpoint; off unless the user turns it on
     trust_remote_code: bool = False
+    # extra variables for the chat template wherever prompts and conversations are rendered
+    # (prepare's loss masks and regeneration prompts, eval and generate prompts), e.g.
+    # {enable_thinking: false} for Qwen3's non-thinking mode
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # where the target decodes (eval, with the heads; regeneration), pack its frozen bf16 or fp32
     # linear weights for oneDNN on CPU first (draftsmith.packed: in bf16 the same outputs bit for
     # bit, decoding ~25% faster on SmolLM2; in fp32 within rounding, ~20% faster on AVX2). Off

@@ -71,19 +71,24 @@ def user_turns(source: str, limit: int | None = None) -> tuple[list[list[str]], 
 
 
 def first_turns(
-    source: str, tokenizer, limit: int | None = None
+    source: str, tokenizer, limit: int | None = None, template_kwargs: dict | None = None
 ) -> tuple[list[list[int]], list[str]]:
     """First user turn of the first `limit` conversations of `source`, rendered with the target's
     chat template as the model sees a new chat, and each conversation's category."""
     turns, categories = user_turns(source, limit)
-    return [chat_prompt(tokenizer, t[0]) for t in turns], categories
+    return [chat_prompt(tokenizer, t[0], None, template_kwargs) for t in turns], categories
 
 
-def chat_prompt(tokenizer, text: str, history: list[dict] | None = None) -> list[int]:
+def chat_prompt(
+    tokenizer, text: str, history: list[dict] | None = None, template_kwargs: dict | None = None
+) -> list[int]:
     """`text` as the next user turn after `history` (earlier messages; none: a new chat), in the
-    target's chat template, ending in the generation prompt."""
+    target's chat template (with `template_kwargs`: target.chat_template_kwargs), ending in the
+    generation prompt."""
     messages = [*(history or []), {"role": "user", "content": text}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_dict=False, **(template_kwargs or {})
+    )
     return list(ids)
 
 
@@ -286,6 +291,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
     if len({cfg.run_name, *cfg.eval.heads}) != 1 + len(cfg.eval.heads):
         raise ValueError(f"eval.heads={cfg.eval.heads}: repeats a run (this run is {cfg.run_name})")
     tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
+    template_kwargs = cfg.target.chat_template_kwargs
     # every method decodes with the same (maybe packed) target, so the ratios stay like for like
     target, info, parts, packed = decoding_target(cfg)
     vocab = draft_vocabulary(cfg, info)  # [Vd] target ids, or None
@@ -333,7 +339,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
 
     if e.compile:
         compile_target(target)
-        first = chat_prompt(tokenizer, conversations[0][0])
+        first = chat_prompt(tokenizer, conversations[0][0], None, template_kwargs)
         for method in tqdm(methods, desc="compile (untimed warm-up)", unit="method"):
             decode(method, first, cfg.seed)
         for c in contenders:
@@ -357,7 +363,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
                 history: list[dict] = []
                 seen[method] = []
                 for turn, text in enumerate(turns):
-                    prompt = chat_prompt(tokenizer, text, history)
+                    prompt = chat_prompt(tokenizer, text, history, template_kwargs)
                     # turn 0 keeps the seed a first-turn eval has always used
                     seed = cfg.seed + index + turn * len(conversations)
                     t0 = time.perf_counter()

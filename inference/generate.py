@@ -76,7 +76,7 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     vocab = draft_vocabulary(cfg, info)  # [Vd] target ids, or None
     decoder = SpecDecoder(target, head, cfg.tree, vocab)
     sampling = Sampling(g.temperature, g.top_p, g.top_k)
-    prompt = chat_prompt(tokenizer, text)
+    prompt = chat_prompt(tokenizer, text, None, cfg.target.chat_template_kwargs)
     stops = stop_token_ids(target, tokenizer)
     ids = torch.tensor([prompt], device=cfg.device)
 

@@ -183,3 +183,44 @@ def test_greedy_turns_are_compared_until_a_prompt_differs(tiny_target) -> None:
     head.compare(tiny_target, mine, vanilla, index=7)
     assert head.compared == 2
     assert [(m["prompt"], m["turn"], m["first_divergence"]) for m in head.mismatches] == [(7, 1, 1)]
+
+
+def test_chat_template_kwargs_reach_every_rendering(tmp_path: Path, head_dir: Path, monkeypatch):
+    """target.chat_template_kwargs reach the renderings of prepare (loss masks, regeneration
+    prompts), eval (every turn's prompt) and generate."""
+    import io
+
+    from draftsmith.inference import generate
+    from draftsmith.train import prepare
+
+    seen = []
+
+    def recording(stage: str, real):
+        def wrapper(*args):
+            seen.append((stage, args[3]))  # chat_prompt(tokenizer, text, history, kwargs)
+            return real(*args)
+
+        return wrapper
+
+    monkeypatch.setattr(evaluate, "chat_prompt", recording("eval", evaluate.chat_prompt))
+    monkeypatch.setattr(generate, "chat_prompt", recording("generate", generate.chat_prompt))
+    renderer = prepare.ConversationTokenizer
+    monkeypatch.setattr(
+        prepare,
+        "ConversationTokenizer",
+        lambda *a: seen.append(("prepare", a[-1])) or renderer(*a),
+    )
+    kwargs = "+target.chat_template_kwargs.enable_thinking=false"
+    bench = _benchmark(tmp_path / "question.jsonl", [("math", "What is 12 times 7?")])
+    overrides = _tiny_eval(tmp_path, head_dir, bench, "eval.max_new_tokens=4", kwargs)
+    evaluate.run(compose([*overrides, "eval.baselines=[]", "eval.turns=all"]))
+    generate.run(
+        compose([*overrides, "generate.prompt=hi", "generate.max_new_tokens=4"]), out=io.StringIO()
+    )
+    chats = tmp_path / "chats.jsonl"
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    chats.write_text(f"{json.dumps(chat)}\n" * 3)
+    prepare.run(compose([*overrides, f"data.path={chats}"]))
+    off = {"enable_thinking": False}
+    # eval's two turns, generate's prompt, prepare's renderer
+    assert seen == [("eval", off), ("eval", off), ("generate", off), ("prepare", off)]

@@ -28,6 +28,25 @@ MISTRAL = (
     "{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}"
     "{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}"
 )
+# Qwen3's way with replies (its template, cut to the roles used here): a reply after the last
+# user turn gets a think block, earlier ones lose it, so rendering a conversation's prefix does
+# not give the start of its whole rendering; enable_thinking=false ends the generation prompt
+# with an empty think block
+QWEN3 = (
+    "{%- set ns = namespace(last_query_index=messages|length - 1) %}"
+    "{%- for m in messages[::-1] %}{%- set index = (messages|length - 1) - loop.index0 %}"
+    "{%- if m.role == 'user' and ns.last_query_index == messages|length - 1 %}"
+    "{%- set ns.last_query_index = index %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' %}{{- '<|im_start|>user\n' + m.content + '<|im_end|>\n' }}"
+    "{%- else %}{%- if loop.index0 > ns.last_query_index %}"
+    "{{- '<|im_start|>assistant\n<think>\n\n</think>\n\n' + m.content }}"
+    "{%- else %}{{- '<|im_start|>assistant\n' + m.content }}{%- endif %}"
+    "{{- '<|im_end|>\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}"
+)
 CONV = Conversation(
     "c",
     [
@@ -56,6 +75,44 @@ def test_loss_mask_is_exactly_the_assistant_text(template, end, tiny_tokenizer) 
     unmasked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if not m])
     assert masked == f"Hello!{end}Bye.{end}"
     assert "Hi there" in unmasked and "And?" in unmasked and "Hello" not in unmasked
+
+
+def test_replies_are_found_where_a_template_renders_them_otherwise_later(
+    tiny_tokenizer,
+) -> None:
+    """Qwen3's template renders a reply otherwise once a user turn follows it: the mask is
+    still exactly each reply and its end-of-turn marker; `template_kwargs` (from
+    target.chat_template_kwargs) reach every rendering, prompts included."""
+    from draftsmith.inference.eval import chat_prompt
+
+    tokenizer = load_tokenizer(tiny_tokenizer.name_or_path)
+    tokenizer.chat_template = QWEN3
+    # the template is not prefix-stable: the first reply lost its think block in the whole
+    first = tokenizer.apply_chat_template(CONV.to_messages()[:2], tokenize=False)
+    assert not tokenizer.apply_chat_template(CONV.to_messages(), tokenize=False).startswith(first)
+    for kwargs in ({}, {"enable_thinking": False}):
+        out = ConversationTokenizer(tokenizer, template_kwargs=kwargs)(CONV)
+        masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
+        assert masked == "Hello!<|im_end|>\nBye.<|im_end|>\n", kwargs
+    # one reply, a stable rendering: with thinking on the model writes the empty think block
+    # itself, so the draft learns it too; off, the generation prompt holds it
+    one = Conversation("c", CONV.turns[:2])
+    for kwargs, reply in (
+        ({}, "<think>\n\n</think>\n\nHello!"),
+        ({"enable_thinking": False}, "Hello!"),
+    ):
+        out = ConversationTokenizer(tokenizer, template_kwargs=kwargs)(one)
+        masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
+        assert masked == f"{reply}<|im_end|>\n", kwargs
+    off = {"enable_thinking": False}
+    prompt = ConversationTokenizer(tokenizer, template_kwargs=off).prompt_ids(
+        CONV.to_messages()[:1]
+    )
+    assert chat_prompt(tokenizer, "Hi there", None, off) == prompt
+    assert tokenizer.decode(prompt).endswith("assistant\n<think>\n\n</think>\n\n")
+    assert not tokenizer.decode(chat_prompt(tokenizer, "Hi there")).endswith("</think>\n\n")
+    cfg = compose(["+target.chat_template_kwargs.enable_thinking=false"])
+    assert cfg.target.chat_template_kwargs == off
 
 
 def test_bad_rows_are_rejected_with_reasons(tiny_tokenizer) -> None:

@@ -80,7 +80,9 @@ def run(cfg: Config) -> dict:
     heldout_count = min(d.heldout, max(len(conversations) // 10, 1))
     splits = {"heldout": conversations[:heldout_count], "train": conversations[heldout_count:]}
     tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
-    renderer = ConversationTokenizer(tokenizer, d.template, d.max_len, d.length_policy)
+    renderer = ConversationTokenizer(
+        tokenizer, d.template, d.max_len, d.length_policy, cfg.target.chat_template_kwargs
+    )
     if d.regenerate:
         target = _answering_target(cfg)
         for name in ("heldout", "train"):

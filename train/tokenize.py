@@ -4,7 +4,9 @@ The mask is derived by rendering growing prefixes of the conversation with the t
 template: the assistant span of turn i is the text between the rendering of turns < i with the
 generation prompt appended and the rendering of turns <= i. That covers the reply and the
 template's end-of-turn marker (so the draft learns to predict it), never the role header, and
-needs no per-model regex. Character spans become token masks through the offset mapping.
+needs no per-model regex. A template that renders a turn otherwise once later turns follow
+(Qwen3) has each reply found in the whole rendering instead. Character spans become token masks
+through the offset mapping.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class ConversationTokenizer:
         template: str = "auto",
         max_len: int = 2048,
         length_policy: str = "truncate",
+        template_kwargs: dict | None = None,
     ) -> None:
         if template == "auto" and not getattr(tokenizer, "chat_template", None):
             raise ValueError(
@@ -51,13 +54,18 @@ class ConversationTokenizer:
             )
         self.tokenizer, self.template = tokenizer, template
         self.max_len, self.length_policy = max_len, length_policy
+        # variables the template reads besides the messages (target.chat_template_kwargs)
+        self.template_kwargs = dict(template_kwargs or {})
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         if self.template == "plain":
             return _render_plain(messages, add_generation_prompt, self.tokenizer.eos_token or "")
         try:
             return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                messages,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **self.template_kwargs,
             )
         except Exception as err:  # jinja raises TemplateError or whatever the template throws
             raise TemplateError(f"template rejected the conversation: {err}") from err
@@ -68,20 +76,44 @@ class ConversationTokenizer:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered conversation and the character span of each assistant turn."""
         full = self.render(messages)
         spans = []
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
             start = len(self.render(messages[:i], add_generation_prompt=True))
-            end = len(self.render(messages[: i + 1]))
             prefix = self.render(messages[: i + 1])
-            if not full.startswith(prefix) or end < start:
-                raise TemplateError(
-                    "template not prefix-stable: turn rendering changes later turns"
-                )
-            spans.append((start, end))
+            if not full.startswith(prefix) or len(prefix) < start:
+                # the template renders a turn otherwise once later turns follow (Qwen3 gives
+                # only the replies after the last user turn a think block)
+                return full, self._found_spans(messages, full)
+            spans.append((start, len(prefix)))
         return full, spans
+
+    def _found_spans(self, messages: list[dict], full: str) -> list[tuple[int, int]]:
+        """Assistant spans of a template that is not prefix-stable: each message's text found
+        in order in the whole rendering; a reply's span is its text and the template's
+        end-of-turn marker after it (what the prefix renderings give a stable template)."""
+        probe = "draftsmith probe reply"
+        rendered = self.render(
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": probe}]
+        )
+        marker = rendered[rendered.rindex(probe) + len(probe) :]
+        spans, cursor = [], 0
+        for i, message in enumerate(messages):
+            text = message["content"].strip()  # templates may trim it (Llama 3 does)
+            at = full.find(text, cursor)
+            if at < 0:
+                raise TemplateError(
+                    f"template not prefix-stable and turn {i}'s text is not in its rendering"
+                )
+            cursor = at + len(text)
+            if message["role"] == "assistant":
+                if full.startswith(marker, cursor):
+                    cursor += len(marker)
+                spans.append((at, cursor))
+        return spans
 
     def __call__(self, conversation: Conversation) -> Tokenized:
         turns = conversation.turns
