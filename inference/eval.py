@@ -408,6 +408,7 @@ def _results(cfg: Config, p: _Pass) -> dict[str, dict]:
         results[c.run] = {
             "machine": machine,
             "target": p.info.name,
+            "chat_template_kwargs": cfg.target.chat_template_kwargs,
             # the head's own draft vocabulary (None: the target's); `draft_vocab_size` below is
             # a subset of the target's vocabulary chosen at eval (eval.draft_vocab_size)
             "head": {
@@ -488,6 +489,8 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
         tag += "-allturns"
     if cfg.eval.temperature > 0 and t.sample_drafts and not cfg.eval.tag:
         tag += "-drawn"  # children drawn from the head (earlier T > 0 evals took its top k)
+    if not cfg.eval.tag:  # other template variables, other prompts: other results
+        tag += "".join(f"-{k}={v}" for k, v in sorted(cfg.target.chat_template_kwargs.items()))
     vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
     tag = f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
     return tag + ("-compiled" if cfg.eval.compile else "")

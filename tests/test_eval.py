@@ -213,7 +213,10 @@ def test_chat_template_kwargs_reach_every_rendering(tmp_path: Path, head_dir: Pa
     kwargs = "+target.chat_template_kwargs.enable_thinking=false"
     bench = _benchmark(tmp_path / "question.jsonl", [("math", "What is 12 times 7?")])
     overrides = _tiny_eval(tmp_path, head_dir, bench, "eval.max_new_tokens=4", kwargs)
-    evaluate.run(compose([*overrides, "eval.baselines=[]", "eval.turns=all"]))
+    r = evaluate.run(compose([*overrides, "eval.baselines=[]", "eval.turns=all"]))
+    assert r["chat_template_kwargs"] == {"enable_thinking": False}
+    tag = "question-dynamic-d3-k4-n16-lookup3-allturns-enable_thinking=False-T0-float32"
+    assert Path(tmp_path, "runs/default/eval", tag, "results.json").exists()
     generate.run(
         compose([*overrides, "generate.prompt=hi", "generate.max_new_tokens=4"]), out=io.StringIO()
     )
