@@ -71,12 +71,12 @@ def user_turns(source: str, limit: int | None = None) -> tuple[list[list[str]], 
 
 
 def first_turns(
-    source: str, tokenizer, limit: int | None = None, template_kwargs: dict | None = None
+    source: str, tokenizer, limit: int | None = None
 ) -> tuple[list[list[int]], list[str]]:
     """First user turn of the first `limit` conversations of `source`, rendered with the target's
     chat template as the model sees a new chat, and each conversation's category."""
     turns, categories = user_turns(source, limit)
-    return [chat_prompt(tokenizer, t[0], None, template_kwargs) for t in turns], categories
+    return [chat_prompt(tokenizer, t[0]) for t in turns], categories
 
 
 def chat_prompt(

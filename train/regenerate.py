@@ -238,12 +238,21 @@ def regenerate_chunk(
 
 
 def chunk_path(
-    folder: Path, index: int, chunk: list[Conversation], target, cfg: RegenConfig
+    folder: Path,
+    index: int,
+    chunk: list[Conversation],
+    target,
+    cfg: RegenConfig,
+    template_kwargs: dict | None = None,
 ) -> Path:
-    """Where chunk `index` lives; the name changes whenever its inputs do (see module doc)."""
+    """Where chunk `index` lives; the name changes whenever its inputs do (see module doc),
+    `template_kwargs` (target.chat_template_kwargs, which change the prompts) included."""
     settings = (cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.max_prompt_len)
-    if cfg.top_k:  # only when set, so chunks written before top_k existed keep their names
+    # each only when set, so chunks written before it existed keep their names
+    if cfg.top_k:
         settings += (cfg.top_k,)
+    if template_kwargs:
+        settings += (json.dumps(template_kwargs, sort_keys=True),)
     key = [getattr(target.config, "_name_or_path", ""), *map(str, settings), *(c.id for c in chunk)]
     digest = hashlib.sha256("\n".join(key).encode()).hexdigest()[:12]
     return folder / f"chunk_{index:05d}_{digest}.jsonl"
@@ -266,7 +275,7 @@ def regenerate(
     failures: list[str] = []
     tokens, seconds = 0, 0.0
     for index, chunk in enumerate(tqdm(chunks, desc="regenerate", unit="chunk")):
-        path = chunk_path(folder, index, chunk, target, cfg)
+        path = chunk_path(folder, index, chunk, target, cfg, renderer.template_kwargs)
         if not path.exists():
             t0 = time.perf_counter()
             new, produced = regenerate_chunk(target, tokenizer, renderer, chunk, cfg, failures)
