@@ -46,7 +46,10 @@ def tiny_run(root: Path, rows: int = 40, extra: list[str] | None = None) -> list
     return overrides
 
 
-def write_conversations(path: Path) -> None:
+def regeneration_run(root: Path) -> list[str]:
+    """Write 32 ShareGPT rows under `root` (30 of two exchanges, one with an unknown role, one
+    question alone); returns the overrides that prepare them on the tiny target, regenerating
+    every answer in chunks of 8 conversations."""
     rows = [
         {
             "id": f"r{i}",
@@ -61,4 +64,13 @@ def write_conversations(path: Path) -> None:
     ]
     rows.append({"id": "bad", "conversations": [{"from": "alien", "value": "?"}]})
     rows.append({"id": "noasst", "conversations": [{"from": "human", "value": "only a question"}]})
-    path.write_text(json.dumps(rows))
+    (root / "data.json").write_text(json.dumps(rows))
+    return [
+        f"runs_dir={root}/runs",
+        "target=tiny-random-llama",
+        f"data.path={root}/data.json",
+        "data.regenerate=true",
+        "data.heldout=4",
+        "data.regen.max_new_tokens=8",
+        "data.regen.chunk_rows=8",
+    ]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from pipeline import write_conversations
+from pipeline import regeneration_run
 
 from draftsmith.config import compose
 from draftsmith.conversations import Conversation, Turn
@@ -163,16 +163,7 @@ def test_prepare_without_training_rows_names_the_rows_it_skipped(tmp_path: Path)
 def test_prepare_with_regeneration_resumes(tmp_path: Path, monkeypatch) -> None:
     from draftsmith.train import prepare, regenerate
 
-    write_conversations(tmp_path / "data.json")
-    overrides = [
-        f"runs_dir={tmp_path}/runs",
-        "target=tiny-random-llama",
-        f"data.path={tmp_path}/data.json",
-        "data.regenerate=true",
-        "data.heldout=4",
-        "data.regen.max_new_tokens=8",
-        "data.regen.chunk_rows=8",
-    ]
+    overrides = regeneration_run(tmp_path)
     calls = []
     real = regenerate.generate_answers
     monkeypatch.setattr(regenerate, "generate_answers", lambda *a: calls.append(1) or real(*a))

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from pipeline import write_conversations
+from pipeline import regeneration_run
 
 from draftsmith.conf.schema import RegenConfig
 from draftsmith.config import compose
@@ -90,16 +90,7 @@ class StandIn:
 
 @pytest.fixture
 def data(tmp_path: Path) -> list[str]:
-    write_conversations(tmp_path / "data.json")
-    return [
-        f"runs_dir={tmp_path}/runs",
-        "target=tiny-random-llama",
-        f"data.path={tmp_path}/data.json",
-        "data.regenerate=true",
-        "data.heldout=4",
-        "data.regen.max_new_tokens=8",
-        "data.regen.chunk_rows=8",
-    ]
+    return regeneration_run(tmp_path)
 
 
 def chunks(cfg) -> dict[str, list[dict]]:
