@@ -29,9 +29,9 @@ MISTRAL = (
     "{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}"
 )
 # Qwen3's way with replies (its template, cut to the roles used here): a reply after the last
-# user turn gets a think block, earlier ones lose it, so rendering a conversation's prefix does
-# not give the start of its whole rendering; enable_thinking=false ends the generation prompt
-# with an empty think block
+# user turn gets a think block (its reasoning, or an empty one), earlier ones lose it, so
+# rendering a conversation's prefix does not give the start of its whole rendering;
+# enable_thinking=false ends the generation prompt with an empty think block
 QWEN3 = (
     "{%- set ns = namespace(last_query_index=messages|length - 1) %}"
     "{%- for m in messages[::-1] %}{%- set index = (messages|length - 1) - loop.index0 %}"
@@ -39,9 +39,15 @@ QWEN3 = (
     "{%- set ns.last_query_index = index %}{%- endif %}{%- endfor %}"
     "{%- for m in messages %}"
     "{%- if m.role == 'user' %}{{- '<|im_start|>user\n' + m.content + '<|im_end|>\n' }}"
-    "{%- else %}{%- if loop.index0 > ns.last_query_index %}"
-    "{{- '<|im_start|>assistant\n<think>\n\n</think>\n\n' + m.content }}"
-    "{%- else %}{{- '<|im_start|>assistant\n' + m.content }}{%- endif %}"
+    "{%- else %}{%- set content = m.content %}{%- set reasoning = '' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1]"
+    ".lstrip('\n') %}{%- set content = content.split('</think>')[-1].lstrip('\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > ns.last_query_index %}"
+    "{{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n'"
+    " + content }}"
+    "{%- else %}{{- '<|im_start|>assistant\n' + content }}{%- endif %}"
     "{{- '<|im_end|>\n' }}{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}"
@@ -104,6 +110,20 @@ def test_replies_are_found_where_a_template_renders_them_otherwise_later(
         out = ConversationTokenizer(tokenizer, template_kwargs=kwargs)(one)
         masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
         assert masked == f"{reply}<|im_end|>\n", kwargs
+    # replies with reasoning (thinking-mode regeneration): the history shows the first without
+    # it, so its answer alone is learned there; the last keeps its reasoning
+    thought = Conversation(
+        "t",
+        [
+            Turn("user", "Hi there"),
+            Turn("assistant", "<think>\nA greeting.\n</think>\n\nHello!"),
+            Turn("user", "And?"),
+            Turn("assistant", "<think>\nA farewell.\n</think>\n\nBye."),
+        ],
+    )
+    out = ConversationTokenizer(tokenizer)(thought)
+    masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
+    assert masked == "Hello!<|im_end|>\n<think>\nA farewell.\n</think>\n\nBye.<|im_end|>\n"
     off = {"enable_thinking": False}
     prompt = ConversationTokenizer(tokenizer, template_kwargs=off).prompt_ids(
         CONV.to_messages()[:1]

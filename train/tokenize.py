@@ -94,7 +94,9 @@ class ConversationTokenizer:
     def _found_spans(self, messages: list[dict], full: str) -> list[tuple[int, int]]:
         """Assistant spans of a template that is not prefix-stable: each message's text found
         in order in the whole rendering; a reply's span is its text and the template's
-        end-of-turn marker after it (what the prefix renderings give a stable template)."""
+        end-of-turn marker after it (what the prefix renderings give a stable template). A reply
+        whose reasoning the template drops from the history (Qwen3 and other thinking models
+        show earlier replies without their `<think>` block) is found by its answer alone."""
         probe = "draftsmith probe reply"
         rendered = self.render(
             [{"role": "user", "content": "q"}, {"role": "assistant", "content": probe}]
@@ -104,6 +106,9 @@ class ConversationTokenizer:
         for i, message in enumerate(messages):
             text = message["content"].strip()  # templates may trim it (Llama 3 does)
             at = full.find(text, cursor)
+            if at < 0 and "</think>" in text:
+                text = text.split("</think>")[-1].strip()
+                at = full.find(text, cursor)
             if at < 0:
                 raise TemplateError(
                     f"template not prefix-stable and turn {i}'s text is not in its rendering"
