@@ -11,6 +11,7 @@ through the offset mapping.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from draftsmith.conversations import Conversation
@@ -91,17 +92,22 @@ class ConversationTokenizer:
             spans.append((start, len(prefix)))
         return full, spans
 
+    @functools.cached_property
+    def _end_of_turn(self) -> str:
+        """What the template writes after a reply's text (ChatML: `<|im_end|>\n`)."""
+        probe = "draftsmith probe reply"
+        rendered = self.render(
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": probe}]
+        )
+        return rendered[rendered.rindex(probe) + len(probe) :]
+
     def _found_spans(self, messages: list[dict], full: str) -> list[tuple[int, int]]:
         """Assistant spans of a template that is not prefix-stable: each message's text found
         in order in the whole rendering; a reply's span is its text and the template's
         end-of-turn marker after it (what the prefix renderings give a stable template). A reply
         whose reasoning the template drops from the history (Qwen3 and other thinking models
         show earlier replies without their `<think>` block) is found by its answer alone."""
-        probe = "draftsmith probe reply"
-        rendered = self.render(
-            [{"role": "user", "content": "q"}, {"role": "assistant", "content": probe}]
-        )
-        marker = rendered[rendered.rindex(probe) + len(probe) :]
+        marker = self._end_of_turn
         spans, cursor = [], 0
         for i, message in enumerate(messages):
             text = message["content"].strip()  # templates may trim it (Llama 3 does)
