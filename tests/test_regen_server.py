@@ -26,11 +26,12 @@ from draftsmith.train.tokenize import ConversationTokenizer
 
 class StandIn:
     """A completions server over `target` on a free local port; records every request body.
-    Refuses (HTTP 400) prompts longer than `max_prompt`, and answers 503 once `fail_after`
-    requests have been served."""
+    Refuses (HTTP 400) prompts longer than `max_prompt`, vLLM's extra keys when `strict` (422),
+    and answers 503 once `fail_after` requests have been served."""
 
-    def __init__(self, target, tokenizer, max_prompt: int | None = None) -> None:
+    def __init__(self, target, tokenizer, max_prompt: int | None = None, strict=False) -> None:
         self.target, self.tokenizer, self.max_prompt = target, tokenizer, max_prompt
+        self.strict = strict  # OpenAI's own keys only, text prompts (as `transformers serve`)
         self.requests: list[dict] = []
         self.fail_after: int | None = None
         self.lock = threading.Lock()
@@ -65,6 +66,8 @@ class StandIn:
                 return 503, {"error": {"message": "engine restarting"}}
             self.requests.append(body)
             prompts = body["prompt"]
+            if self.strict and {"top_k", "stop_token_ids"} & set(body):
+                return 422, {"detail": "Unexpected fields in the request: {'top_k', ...}"}
             if self.max_prompt and any(len(p) > self.max_prompt for p in prompts):
                 return 400, {"error": {"message": f"context length is {self.max_prompt}"}}
             sampling = {
@@ -199,3 +202,16 @@ def test_a_server_that_stops_answering_stops_the_stage_and_it_continues(
         prepare.run(cfg)
     with pytest.raises(ValueError, match="data.regen.servers"):
         compose([*data, "data.regen.engine=server"])
+
+
+def test_a_server_of_another_dialect_stops_the_stage_at_once(
+    data, tiny_target, tiny_tokenizer
+) -> None:
+    server = StandIn(tiny_target, tiny_tokenizer, strict=True)
+    try:
+        cfg = server_run(data, "strict", [server])
+        with pytest.raises(ServerError, match="refused a one-token request.*vLLM's"):
+            prepare.run(cfg)
+    finally:
+        server.close()
+    assert len(server.requests) == 1 and chunks(cfg) == {}  # no prompt was sent, none dropped

@@ -1,18 +1,19 @@
-"""Regeneration by OpenAI-compatible servers that run the target (`data.regen.engine=server`):
-vLLM, SGLang or TensorRT-LLM's `trtllm-serve`, as SpecForge's and speculators' regeneration
-scripts use them, for targets and datasets one process would take days over.
+"""Regeneration by OpenAI-compatible servers that run the target (`data.regen.engine=server`): vLLM,
+SGLang or TensorRT-LLM's `trtllm-serve`, as SpecForge's and speculators' regeneration scripts use
+them, for targets and datasets one process would take days over.
 
 Prompts go to `/v1/completions` as token ids, rendered here with the chat template the loss masks
 are built with, so a server's own template (or a thinking-mode default) cannot change what the
-target is asked. Every sampling key is sent, neutral ones too: vLLM fills keys a request leaves
-out from the checkpoint's generation_config.json (a repetition penalty, a top-k), which the
-in-process engines drop as well (draftsmith.target). Batches of `batch_size` prompts are spread
-round-robin over `data.regen.servers`, two requests in flight per server. A request that fails
-(no connection, a 5xx, a timeout) is retried with backoff, then the stage stops naming the server
-(finished chunks stay; the same command continues). A batch a server rejects (4xx: a prompt past
-its context length, say) is retried prompt by prompt, so only the prompts it refuses are dropped,
-each logged with the server's reason. The target's weights are never loaded for this engine: its
-name and stop ids come from its config files (`served_target`).
+target is asked. Every sampling key is sent, neutral ones too: vLLM fills keys a request leaves out
+from the checkpoint's generation_config.json (a repetition penalty, a top-k), which the in-process
+engines drop as well (draftsmith.target). Batches of `batch_size` prompts are spread round-robin
+over `data.regen.servers`, two requests in flight per server. A request that fails (no connection,
+a 5xx, a timeout) is retried with backoff, then the stage stops naming the server (finished chunks
+stay; the same command continues). A server's first request is a one-token one: a server that
+refuses it (another dialect, a wrong model name) stops the stage at once. Then a batch a server
+rejects (4xx: a prompt past its context length, say) is retried prompt by prompt, so only the
+prompts it refuses are dropped, each logged with the server's reason. The target's weights are
+never loaded for this engine: its name and stop ids come from its config files (`served_target`).
 """
 
 from __future__ import annotations
@@ -95,17 +96,42 @@ def _served_model(server: str, timeout: float) -> str:
     return models[0]["id"]
 
 
+# (server, server_model) -> the model name requests use, once a one-token request passed
+_READY: dict[tuple[str, str | None], str] = {}
+
+
 class ServerClient:
     def __init__(self, cfg: RegenConfig, stop_ids: list[int]) -> None:
         self.cfg, self.stop_ids = cfg, stop_ids
         self.servers = [s.rstrip("/") for s in cfg.servers]
 
-    def _payload(self, server: str, prompts: list[list[int]]) -> dict:
+    def _model(self, server: str) -> str:
+        """The server's name for the target. The first time, a one-token request checks that
+        the server takes these requests at all (vLLM's dialect of /v1/completions: token-id
+        prompts, top_k, stop_token_ids, ...), so a server that does not stops the stage at once
+        instead of refusing every prompt one by one."""
+        key = (server, self.cfg.server_model)
+        if key not in _READY:
+            model = self.cfg.server_model or _served_model(server, self.cfg.server_timeout)
+            try:
+                self._post(server, self._payload(model, [self.stop_ids[:1]], max_tokens=1))
+            except ServerError as err:
+                raise ServerError(
+                    f"{server}/completions",
+                    None,
+                    f"refused a one-token request ({err}); the server engine speaks vLLM's "
+                    "/v1/completions (token-id prompts, top_k, stop_token_ids), as vLLM, SGLang "
+                    "and trtllm-serve do",
+                ) from None
+            _READY[key] = model
+        return _READY[key]
+
+    def _payload(self, model: str, prompts: list[list[int]], max_tokens: int | None = None) -> dict:
         c = self.cfg
         return {
-            "model": c.server_model or _served_model(server, c.server_timeout),
+            "model": model,
             "prompt": prompts,
-            "max_tokens": c.max_new_tokens,
+            "max_tokens": max_tokens or c.max_new_tokens,
             "temperature": c.temperature,
             "top_p": c.top_p,
             "top_k": c.top_k or -1,  # -1: no top-k (vLLM, SGLang)
@@ -117,17 +143,22 @@ class ServerClient:
             "skip_special_tokens": True,
         }
 
-    def _complete(self, server: str, prompts: list[list[int]]) -> tuple[list[str], int]:
-        """Answers in prompt order and the new tokens; retries what may pass on a second try."""
-        url = f"{server}/completions"
-        for attempt in range(RETRIES + 1):
+    def _post(self, server: str, payload: dict) -> dict:
+        """A completions request, retried while the failure may pass (not a refusal)."""
+        url, timeout = f"{server}/completions", self.cfg.server_timeout
+        for attempt in range(RETRIES):
             try:
-                reply = _request(url, self._payload(server, prompts), self.cfg.server_timeout)
-                break
+                return _request(url, payload, timeout)
             except ServerError as err:
-                if err.refused or attempt == RETRIES:
+                if err.refused:
                     raise
                 time.sleep(2**attempt)
+        return _request(url, payload, timeout)  # the last attempt: its failure stops the stage
+
+    def _complete(self, server: str, prompts: list[list[int]]) -> tuple[list[str], int]:
+        """Answers in prompt order and the new tokens."""
+        url = f"{server}/completions"
+        reply = self._post(server, self._payload(self._model(server), prompts))
         choices = sorted(reply.get("choices", []), key=lambda c: c["index"])
         if [c["index"] for c in choices] != list(range(len(prompts))):
             raise ServerError(url, None, f"{len(choices)} answers to {len(prompts)} prompts")
