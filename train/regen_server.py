@@ -116,6 +116,8 @@ class ServerClient:
             try:
                 self._post(server, self._payload(model, [self.stop_ids[:1]], max_tokens=1))
             except ServerError as err:
+                if not err.refused:  # down or failing: said as it is
+                    raise
                 raise ServerError(
                     f"{server}/completions",
                     None,
