@@ -155,8 +155,10 @@ def test_a_refused_prompt_is_dropped_alone_and_logged(data, tiny_target, tiny_to
         prepare.run(served)
     finally:
         server.close()
+    mine_all = [c for rows in chunks(served).values() for c in rows]
+    assert len(mine_all) == len(answered)  # every conversation kept its first exchange
     cut = 0
-    for conv, mine in zip(answered, [c for rows in chunks(served).values() for c in rows]):
+    for conv, mine in zip(answered, mine_all):
         assert conv["id"] == mine["id"]
         refused = len(renderer.prompt_ids(conv["messages"][:3])) > limit
         # a refused turn ends its conversation, keeping the exchange answered before it
