@@ -40,8 +40,8 @@ class ServerError(RuntimeError):
     """A server refused a request (`status`, its reply) or never answered it (status None)."""
 
     def __init__(self, url: str, status: int | None, reason: str) -> None:
-        super().__init__(f"{url}: {f'HTTP {status}: ' if status else ''}{reason}")
-        self.status = status
+        self.status, self.reply = status, f"{f'HTTP {status}: ' if status else ''}{reason}"
+        super().__init__(f"{url}: {self.reply}")
 
     @property
     def refused(self) -> bool:
@@ -121,7 +121,7 @@ class ServerClient:
                 raise ServerError(
                     f"{server}/completions",
                     None,
-                    f"refused a one-token request ({err}); the server engine speaks vLLM's "
+                    f"refused a one-token request ({err.reply}); the server engine speaks vLLM's "
                     "/v1/completions (token-id prompts, top_k, stop_token_ids), as vLLM, SGLang "
                     "and trtllm-serve do",
                 ) from None
