@@ -164,7 +164,7 @@ class ServerClient:
         choices = sorted(reply.get("choices", []), key=lambda c: c["index"])
         if [c["index"] for c in choices] != list(range(len(prompts))):
             raise ServerError(url, None, f"{len(choices)} answers to {len(prompts)} prompts")
-        produced = reply.get("usage", {}).get("completion_tokens", 0)
+        produced = (reply.get("usage") or {}).get("completion_tokens", 0)  # null on some servers
         return [c["text"] for c in choices], produced
 
     def _batch(self, server: str, prompts: list[list[int]]) -> tuple[list, int]:
