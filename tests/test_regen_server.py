@@ -29,9 +29,12 @@ class StandIn:
     Refuses (HTTP 400) prompts longer than `max_prompt`, vLLM's extra keys when `strict` (422),
     and answers 503 once `fail_after` requests have been served."""
 
-    def __init__(self, target, tokenizer, max_prompt: int | None = None, strict=False) -> None:
+    def __init__(
+        self, target, tokenizer, max_prompt: int | None = None, strict=False, usage=True
+    ) -> None:
         self.target, self.tokenizer, self.max_prompt = target, tokenizer, max_prompt
         self.strict = strict  # OpenAI's own keys only, text prompts (as `transformers serve`)
+        self.usage = usage  # False: `usage: null` in replies, as some servers send
         self.requests: list[dict] = []
         self.fail_after: int | None = None
         self.lock = threading.Lock()
@@ -83,7 +86,7 @@ class StandIn:
             for i, a in enumerate(answers)
         ]
         # in reverse: a client must order the answers by index, not by arrival
-        usage = {"completion_tokens": sum(map(len, answers))}
+        usage = {"completion_tokens": sum(map(len, answers))} if self.usage else None
         return 200, {"object": "text_completion", "choices": choices[::-1], "usage": usage}
 
     def close(self) -> None:
@@ -149,7 +152,7 @@ def test_a_refused_prompt_is_dropped_alone_and_logged(data, tiny_target, tiny_to
     renderer = ConversationTokenizer(load_tokenizer("tiny-random-llama"))
     second = sorted(len(renderer.prompt_ids(c["messages"][:3])) for c in answered)
     limit = second[len(second) // 2]
-    server = StandIn(tiny_target, tiny_tokenizer, max_prompt=limit)
+    server = StandIn(tiny_target, tiny_tokenizer, max_prompt=limit, usage=False)
     try:
         served = server_run(data, "served", [server])
         prepare.run(served)
