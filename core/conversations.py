@@ -74,8 +74,7 @@ class ReadReport:
     def summary(self) -> str:
         text = f"{self.source}: kept {self.rows_kept}/{self.rows_seen} rows"
         if self.skipped:
-            # the first few rows by index, so a user can open the file at them
-            text += f"; skipped {dict(self.skipped)}, e.g. " + "; ".join(self.examples[:3])
+            text += f"; {skipped_text(self.skipped, self.examples)}"
         if self.truncated_bytes:
             text += (
                 f"; file truncated: {self.truncated_bytes} trailing bytes of an incomplete record"
@@ -91,6 +90,12 @@ class ReadReport:
             "examples": self.examples,
             "truncated_bytes": self.truncated_bytes,
         }
+
+
+def skipped_text(skipped: Counter, examples: list[str]) -> str:
+    """What a report of skipped rows prints: the count per reason and the first three rows
+    (by index or id, so a user can open the file at them)."""
+    return f"skipped {dict(skipped)}, e.g. " + "; ".join(examples[:3])
 
 
 class RowError(ValueError):

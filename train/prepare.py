@@ -18,7 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from draftsmith.conf.schema import Config
-from draftsmith.conversations import Conversation, read_conversations
+from draftsmith.conversations import Conversation, read_conversations, skipped_text
 from draftsmith.files import write_text_atomic
 from draftsmith.packed import pack_linears
 from draftsmith.target import load_target, load_tokenizer
@@ -98,7 +98,7 @@ def run(cfg: Config) -> dict:
         for name, convs in splits.items()
     }
     if not tokenized["train"]:
-        templated = f"; rendering skipped {dict(skipped)}, e.g. {'; '.join(examples[:3])}"
+        templated = f"; rendering {skipped_text(skipped, examples)}"
         raise ValueError(
             f"no usable training conversations: {report.summary()}; "
             f"{len(splits['heldout'])} held out for evaluation{templated if skipped else ''}"
