@@ -9,6 +9,11 @@ Malformed rows are skipped with their index and reason counted in a `ReadReport`
 silently; a file that cannot be read at all is an error naming it. A JSON array cut off
 mid-record (the embedded ShareGPT file is) keeps every complete record; a complete array with a
 malformed record is an error, as reading on past it cannot be done reliably.
+
+Tool use, as chat templates take it: a row's `tools` (function schemas, a list or JSON text),
+assistant turns with `tool_calls` (OpenAI's `{type, function: {name, arguments}}`, arguments as
+JSON text or an object; ShareGPT's `function_call` turns, whose value is the call) and tool
+results (roles `tool`, `function`, `ipython`, `observation`).
 """
 
 from __future__ import annotations
@@ -33,13 +38,34 @@ ROLE_ALIASES = {
     "model": "assistant",
     "bing": "assistant",
     "system": "system",
+    # tool results: OpenAI (and its older `function`), Llama 3.1's `ipython`, LLaMA-Factory's
+    # ShareGPT `observation`
+    "tool": "tool",
+    "function": "tool",
+    "ipython": "tool",
+    "observation": "tool",
+    # LLaMA-Factory's ShareGPT: an assistant turn whose value is the call (JSON)
+    "function_call": "assistant",
 }
 
 
 @dataclass
 class Turn:
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool"
     content: str
+    # an assistant turn's calls: [{"type": "function", "function": {"name", "arguments"}}, ...]
+    # with arguments decoded to objects (templates write them with `tojson`)
+    tool_calls: list[dict] | None = None
+    name: str | None = None  # a tool result's tool
+    tool_call_id: str | None = None  # the call a tool result answers (Mistral's templates ask)
+
+    def to_message(self) -> dict:
+        """The chat-template message: role and content, and the tool fields that are set."""
+        message: dict = {"role": self.role, "content": self.content}
+        for key in ("tool_calls", "name", "tool_call_id"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
+        return message
 
 
 @dataclass
@@ -47,12 +73,20 @@ class Conversation:
     id: str
     turns: list[Turn]
     category: str = ""  # a benchmark's task category (MT-bench: writing, coding, ...), if given
+    tools: list[dict] | None = None  # function schemas the template renders (`tools=`)
 
     def user_prompts(self) -> list[str]:
         return [t.content for t in self.turns if t.role == "user"]
 
-    def to_messages(self) -> list[dict[str, str]]:
-        return [{"role": t.role, "content": t.content} for t in self.turns]
+    def to_messages(self) -> list[dict]:
+        return [t.to_message() for t in self.turns]
+
+    def to_row(self) -> dict:
+        """One JSONL record that `parse_row` reads back as this conversation."""
+        row: dict = {"id": self.id, "messages": self.to_messages()}
+        if self.tools is not None:
+            row["tools"] = self.tools
+        return row
 
 
 @dataclass
@@ -102,31 +136,90 @@ class RowError(ValueError):
     """A row that cannot become a conversation; the message is the reason."""
 
 
+def _json_text(value: Any, error: str) -> Any:
+    """`value`, or the JSON it holds when it is text (CSV and Arrow columns hold lists as text;
+    OpenAI's tool-call arguments are JSON text); RowError `error` if that text is not JSON."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as err:
+        raise RowError(f"{error}: {err.msg} at column {err.colno}") from None
+
+
 def _turns_from(items: Any, role_key: str, content_key: str) -> list[Turn]:
     if isinstance(items, str) and items.lstrip().startswith("["):
-        # a list stored as JSON text: CSV files hold `messages` columns this way
-        try:
-            items = json.loads(items)
-        except json.JSONDecodeError as err:
-            raise RowError(f"invalid JSON list: {err.msg} at column {err.colno}") from None
+        items = _json_text(items, "invalid JSON list")
     if not isinstance(items, list):
         raise RowError(f"not a list: {type(items).__name__}")
     turns = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise RowError(f"turn {i} is not an object")
-        role = ROLE_ALIASES.get(str(item.get(role_key, "")).lower())
+        given = str(item.get(role_key, "")).lower()
+        role = ROLE_ALIASES.get(given)
         if role is None:
             raise RowError(f"unknown role: turn {i} has {role_key}={item.get(role_key)!r}")
         content = item.get(content_key)
+        calls = item.get("tool_calls") or None  # Arrow rows give every turn the column
+        if given == "function_call":  # the value is the call itself
+            calls, content = content, ""
+        elif calls is not None and content is None:  # a reply that only calls tools
+            content = ""
         if isinstance(content, list):  # OpenAI content parts: [{"type": "text", "text": ...}]
             content = _text_parts(content, i)
         if not isinstance(content, str):
             raise RowError(
                 f"non-string content: turn {i} {content_key} is {type(content).__name__}"
             )
-        turns.append(Turn(role, content))
+        turn = Turn(role, content)
+        if calls is not None:
+            if role != "assistant":
+                raise RowError(f"invalid tool call: turn {i} is a {role} turn with tool_calls")
+            turn.tool_calls = _tool_calls(calls, i)
+        if role == "tool":
+            for key in ("name", "tool_call_id"):
+                if isinstance(item.get(key), str):
+                    setattr(turn, key, item[key])
+        turns.append(turn)
     return turns
+
+
+def _tool_calls(value: Any, turn: int) -> list[dict]:
+    """An assistant turn's calls in OpenAI's form with arguments as objects: from a list or one
+    call, either `{function: {name, arguments}}` or flat `{name, arguments}`, any as JSON text."""
+    calls = _json_text(value, f"invalid tool call: turn {turn} tool_calls are not JSON")
+    if isinstance(calls, dict):
+        calls = [calls]
+    if not isinstance(calls, list):
+        raise RowError(f"invalid tool call: turn {turn} tool_calls is {type(calls).__name__}")
+    out = []
+    for k, call in enumerate(calls):
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise RowError(f"invalid tool call: turn {turn} call {k} has no function name")
+        arguments = _json_text(
+            function.get("arguments", {}),
+            f"invalid tool call: turn {turn} call {k} arguments are not JSON",
+        )
+        entry: dict = {
+            "type": "function",
+            "function": {"name": function["name"], "arguments": arguments},
+        }
+        if isinstance(call.get("id"), str):
+            entry["id"] = call["id"]
+        out.append(entry)
+    return out
+
+
+def _tools(value: Any) -> list[dict] | None:
+    """A row's function schemas (`tools`): a list of objects, or JSON text of one."""
+    tools = _json_text(value, "invalid tools: not JSON") if value else None
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+    ):
+        raise RowError("invalid tools: not a list of objects")
+    return tools or None
 
 
 def _text_parts(parts: list, turn: int) -> str:
@@ -188,10 +281,12 @@ def parse_row(row: Any, index: int) -> Conversation:
         turns = [Turn("user", _text(row, "text"))]
     else:
         raise RowError(f"unknown format: keys {sorted(row)[:6]}")
-    if not turns or all(not t.content.strip() for t in turns):
+    if not turns or all(not t.content.strip() and not t.tool_calls for t in turns):
         raise RowError("empty conversation")
     category = row.get("category")
-    return Conversation(row_id, turns, category if isinstance(category, str) else "")
+    return Conversation(
+        row_id, turns, category if isinstance(category, str) else "", _tools(row.get("tools"))
+    )
 
 
 def _iter_json_array(text: str, path: Path, report: ReadReport):

@@ -233,3 +233,87 @@ def test_rows_of_the_wrong_shape_are_skipped_with_their_reasons(tmp_path: Path) 
         "non-string content": 1,
     }
     assert [e.split(":")[0] for e in report.examples] == ["row 0", "row 1", "row 2", "row 3"]
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_tool_use_rows(tmp_path: Path) -> None:
+    """OpenAI tool calls (arguments as JSON text, a reply without content), tool results and
+    `tools`; LLaMA-Factory's ShareGPT `function_call` / `observation` turns with `tools` as
+    JSON text; a bad call is a skipped row naming its turn; rows survive to_row -> parse_row."""
+    from draftsmith.conversations import parse_row
+
+    call = {"id": "c1", "type": "function"}
+    call["function"] = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    rows = [
+        {
+            "id": "openai",
+            "tools": [WEATHER],
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "22C"},
+                {"role": "assistant", "content": "It is 22C."},
+            ],
+        },
+        {
+            "id": "llamafactory",
+            "tools": json.dumps([WEATHER]),
+            "conversations": [
+                {"from": "human", "value": "Weather in Paris?"},
+                {
+                    "from": "function_call",
+                    "value": '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+                },
+                {"from": "observation", "value": "22C"},
+                {"from": "gpt", "value": "It is 22C."},
+            ],
+        },
+        {
+            "id": "bad_arguments",
+            "messages": [
+                {"role": "user", "content": "q"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"function": {"name": "f", "arguments": "{"}}],
+                },
+            ],
+        },
+        {
+            "id": "user_calls",
+            "messages": [{"role": "user", "content": "q", "tool_calls": [call]}],
+        },
+    ]
+    path = tmp_path / "tools.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    convs, report = read_conversations(str(path))
+    assert [c.id for c in convs] == ["openai", "llamafactory"]
+    assert report.examples == [
+        "row 2: invalid tool call: turn 1 call 0 arguments are not JSON: Expecting property name "
+        "enclosed in double quotes at column 2",
+        "row 3: invalid tool call: turn 0 is a user turn with tool_calls",
+    ]
+    openai, factory = convs
+    assert openai.tools == factory.tools == [WEATHER]
+    assert [t.role for t in openai.turns] == [t.role for t in factory.turns]
+    assert [t.role for t in openai.turns] == ["user", "assistant", "tool", "assistant"]
+    expected = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert openai.turns[1].tool_calls == [{"type": "function", "function": expected, "id": "c1"}]
+    assert factory.turns[1].tool_calls == [{"type": "function", "function": expected}]
+    assert openai.turns[1].content == factory.turns[1].content == ""
+    assert openai.to_messages()[2] == {
+        "role": "tool",
+        "content": "22C",
+        "name": "get_weather",
+        "tool_call_id": "c1",
+    }
+    for conv in convs:
+        assert parse_row(json.loads(json.dumps(conv.to_row())), 0) == conv

@@ -31,14 +31,27 @@ MISTRAL = (
 # Qwen3's way with replies (its template, cut to the roles used here): a reply after the last
 # user turn gets a think block (its reasoning, or an empty one), earlier ones lose it, so
 # rendering a conversation's prefix does not give the start of its whole rendering;
-# enable_thinking=false ends the generation prompt with an empty think block
+# enable_thinking=false ends the generation prompt with an empty think block. Tools as Qwen's
+# templates write them: schemas in a system turn, calls after a reply's text, results as user
+# turns
+TOOL_SCHEMAS = (
+    "{%- if tools %}{{- '<|im_start|>system\n<tools>' + (tools | tojson) }}"
+    "{{- '</tools><|im_end|>\n' }}{%- endif %}"
+)
+TOOL_CALLS = (
+    "{%- for call in m.tool_calls or [] %}{%- if m.content or not loop.first %}{{- '\n' }}"
+    "{%- endif %}{{- '<tool_call>\n' + (call.function | tojson) + '\n</tool_call>' }}"
+    "{%- endfor %}"
+)
 QWEN3 = (
-    "{%- set ns = namespace(last_query_index=messages|length - 1) %}"
+    TOOL_SCHEMAS + "{%- set ns = namespace(last_query_index=messages|length - 1) %}"
     "{%- for m in messages[::-1] %}{%- set index = (messages|length - 1) - loop.index0 %}"
     "{%- if m.role == 'user' and ns.last_query_index == messages|length - 1 %}"
     "{%- set ns.last_query_index = index %}{%- endif %}{%- endfor %}"
     "{%- for m in messages %}"
     "{%- if m.role == 'user' %}{{- '<|im_start|>user\n' + m.content + '<|im_end|>\n' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{{- '<|im_start|>user\n<tool_response>\n' + m.content + '\n</tool_response><|im_end|>\n' }}"
     "{%- else %}{%- set content = m.content %}{%- set reasoning = '' %}"
     "{%- if '</think>' in content %}"
     "{%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1]"
@@ -48,10 +61,27 @@ QWEN3 = (
     "{{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n'"
     " + content }}"
     "{%- else %}{{- '<|im_start|>assistant\n' + content }}{%- endif %}"
-    "{{- '<|im_end|>\n' }}{%- endif %}{%- endfor %}"
+    + TOOL_CALLS
+    + "{{- '<|im_end|>\n' }}{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}"
     "{{- '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}"
+)
+# Qwen2.5's way with tools (prefix-stable): consecutive tool results share one user turn
+QWEN25 = (
+    TOOL_SCHEMAS + "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
+    "{%- if m.content %}{{- '\n' + m.content }}{%- endif %}"
+    "{%- for call in m.tool_calls or [] %}"
+    "{{- '\n<tool_call>\n' + (call.function | tojson) + '\n</tool_call>' }}{%- endfor %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}"
+    "{%- endif %}{{- '\n<tool_response>\n' + m.content + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
 )
 CONV = Conversation(
     "c",
@@ -133,6 +163,63 @@ def test_replies_are_found_where_a_template_renders_them_otherwise_later(
     assert not tokenizer.decode(chat_prompt(tokenizer, "Hi there")).endswith("</think>\n\n")
     cfg = compose(["+target.chat_template_kwargs.enable_thinking=false"])
     assert cfg.target.chat_template_kwargs == off
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+PARIS, ROME = (
+    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+    for city in ("Paris", "Rome")
+)
+
+
+def tool_conversation(text: str) -> Conversation:
+    """A reply calling two tools (with `text` before the calls), their results, an answer and
+    one more exchange."""
+    return Conversation(
+        "w",
+        [
+            Turn("user", "Weather in Paris and Rome?"),
+            Turn("assistant", text, tool_calls=[PARIS, ROME]),
+            Turn("tool", "22C", name="get_weather"),
+            Turn("tool", "25C", name="get_weather"),
+            Turn("assistant", "Paris 22C, Rome 25C."),
+            Turn("user", "Thanks!"),
+            Turn("assistant", "You are welcome."),
+        ],
+        tools=[WEATHER],
+    )
+
+
+def masked_and_not(tokenizer, out) -> tuple[str, str]:
+    masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
+    return masked, tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if not m])
+
+
+def test_tool_calls_are_learned_as_the_template_writes_them(tiny_tokenizer) -> None:
+    """A reply's span covers the calls it makes as the template writes them, with or without
+    text before them, in a prefix-stable template (Qwen2.5's) and in one found in the whole
+    rendering (Qwen3's); the schemas reach the template and tool results stay context. A
+    template that leaves calls out is a skip reason; `plain` writes them too."""
+    tokenizer = load_tokenizer(tiny_tokenizer.name_or_path)
+    calls = "\n".join(
+        f"<tool_call>\n{json.dumps(c['function'])}\n</tool_call>" for c in (PARIS, ROME)
+    )
+    rest = "<|im_end|>\nParis 22C, Rome 25C.<|im_end|>\nYou are welcome.<|im_end|>\n"
+    for template in (QWEN25, QWEN3):
+        tokenizer.chat_template = template
+        for text, reply in (("", calls), ("Let me check.", f"Let me check.\n{calls}")):
+            out = ConversationTokenizer(tokenizer)(tool_conversation(text))
+            masked, unmasked = masked_and_not(tokenizer, out)
+            assert masked == reply + rest, (template == QWEN3, text)
+            assert f"<tools>{json.dumps([WEATHER])}</tools>" in unmasked
+            assert "22C" in unmasked and "25C" in unmasked
+    tokenizer.chat_template = None  # the tiny target's ChatML, as SmolLM2's: no tool calls
+    with pytest.raises(TemplateError, match="does not render tool calls: reply 0 calls"):
+        ConversationTokenizer(tiny_tokenizer)(tool_conversation(""))
+    out = ConversationTokenizer(tokenizer, template="plain")(tool_conversation(""))
+    masked, unmasked = masked_and_not(tokenizer, out)
+    assert masked.startswith(f"\nCall: {json.dumps(PARIS['function'])}\nCall: ")
+    assert unmasked.startswith(f"Tools: {json.dumps([WEATHER])}")
 
 
 def test_bad_rows_are_rejected_with_reasons(tiny_tokenizer) -> None:
@@ -355,3 +442,37 @@ def test_regeneration_keeps_the_turns_answered_before_a_bad_prompt(
     out, _ = regenerate_chunk(tiny_target, tokenizer, mistral, [system, CONV], cfg, failures)
     assert [c.id for c in out] == ["c"]
     assert len(failures) == 1 and failures[0].startswith("system: ")
+
+
+def test_regeneration_answers_tool_conversations_up_to_their_first_result(
+    tiny_target, tiny_tokenizer, tmp_path: Path, monkeypatch
+) -> None:
+    """The target answers a tool conversation up to its first tool result (the results answer
+    the original calls, not the target's), with the schemas in its prompt; the turns after it
+    are dropped and counted, and the chunk keeps the conversation's tools."""
+    from draftsmith.conf.schema import RegenConfig
+    from draftsmith.train import regenerate as regen
+
+    tokenizer = load_tokenizer(tiny_tokenizer.name_or_path)
+    tokenizer.chat_template = QWEN25
+    prompts: list[str] = []
+    real = regen.answer_texts
+
+    def recording(target, tokenizer, batch, *args):
+        prompts.extend(tokenizer.decode(p) for p in batch)
+        return real(target, tokenizer, batch, *args)
+
+    monkeypatch.setattr(regen, "answer_texts", recording)
+    renderer = ConversationTokenizer(tokenizer)
+    convs = [tool_conversation("Let me check."), CONV]
+    cfg = RegenConfig(max_new_tokens=4)
+    out = regen.regenerate(tiny_target, tokenizer, renderer, convs, cfg, tmp_path)
+    assert [c.id for c in out] == ["w", "c"]
+    assert [t.role for t in out[0].turns] == ["user", "assistant"]
+    assert out[0].turns[1].tool_calls is None and out[0].tools == [WEATHER]
+    assert [t.role for t in out[1].turns] == ["user", "assistant", "user", "assistant"]
+    with_tools = [p for p in prompts if f"<tools>{json.dumps([WEATHER])}</tools>" in p]
+    assert len(prompts) == 3 and len(with_tools) == 1
+    assert with_tools[0].endswith("Weather in Paris and Rome?<|im_end|>\n<|im_start|>assistant\n")
+    stats = json.loads((tmp_path / "stats.jsonl").read_text().splitlines()[-1])
+    assert stats["cut_at_tool_results"] == 1

@@ -126,10 +126,7 @@ def run(cfg: Config) -> dict:
     shutil.rmtree(out / "dataset", ignore_errors=True)
     os.replace(tmp, out / "dataset")
     write_text_atomic(
-        out / "heldout.jsonl",
-        "".join(
-            json.dumps({"id": c.id, "messages": c.to_messages()}) + "\n" for c in splits["heldout"]
-        ),
+        out / "heldout.jsonl", "".join(json.dumps(c.to_row()) + "\n" for c in splits["heldout"])
     )
     stats = {
         "source": report.to_dict(),

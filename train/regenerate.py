@@ -8,7 +8,9 @@ in chunks of rows (`chunk_00000_<digest>.jsonl`, atomically); a rerun skips fini
 digest covers the chunk's conversation ids, the target and the generation settings, so a rerun
 with other data (limit, seed, chunk_rows) or settings regenerates instead of reusing stale answers.
 Rows whose prompt cannot be rendered or is too long are logged with the reason and dropped, never
-silently.
+silently. A conversation with tool results is answered up to its first one: the results answer
+the original calls, not the target's (whose reply there may be a call of its own, as its
+template writes it); the turns after it are dropped and counted.
 """
 
 from __future__ import annotations
@@ -180,8 +182,8 @@ def regenerate_chunk(
     failures: list[str],
 ) -> tuple[list[Conversation], int]:
     """Answer every user turn of every conversation; returns (new conversations, new tokens)."""
-    # keep system and user turns; assistant turns are rewritten in order
-    work = [[t for t in c.turns if t.role != "assistant"] for c in conversations]
+    # keep system and user turns up to the first tool result; assistant turns are rewritten
+    work = [[t for t in _before_tool_results(c) if t.role != "assistant"] for c in conversations]
     done: list[list[Turn]] = [[] for _ in conversations]
     cursor = [0] * len(conversations)  # next turn of `work[i]` to copy
     alive = set(range(len(conversations)))
@@ -201,9 +203,9 @@ def regenerate_chunk(
                 continue
             done[i].append(turns[cursor[i]])
             cursor[i] += 1
-            messages = [{"role": t.role, "content": t.content} for t in done[i]]
+            messages = [t.to_message() for t in done[i]]
             try:
-                prompt = renderer.prompt_ids(messages)
+                prompt = renderer.prompt_ids(messages, conversations[i].tools)
             except TemplateError as err:
                 failures.append(f"{conversations[i].id}: {err}")
                 alive.discard(i)
@@ -230,11 +232,17 @@ def regenerate_chunk(
             done[i].append(Turn("assistant", answer))
     bar.close()
     result = [
-        Conversation(c.id, turns)
+        Conversation(c.id, turns, tools=c.tools)
         for c, turns in zip(conversations, done)
         if any(t.role == "assistant" for t in turns)
     ]
     return result, produced
+
+
+def _before_tool_results(conversation: Conversation) -> list[Turn]:
+    """The turns before the conversation's first tool result (all of them if it has none)."""
+    turns = conversation.turns
+    return turns[: next((i for i, t in enumerate(turns) if t.role == "tool"), len(turns))]
 
 
 def chunk_path(
@@ -281,23 +289,24 @@ def regenerate(
             new, produced = regenerate_chunk(target, tokenizer, renderer, chunk, cfg, failures)
             seconds += time.perf_counter() - t0
             tokens += produced
-            write_text_atomic(
-                path,
-                "".join(json.dumps({"id": c.id, "messages": c.to_messages()}) + "\n" for c in new),
-            )
+            write_text_atomic(path, "".join(json.dumps(c.to_row()) + "\n" for c in new))
         for line in path.read_text().splitlines():
-            row = json.loads(line)
-            out.append(
-                Conversation(row["id"], [Turn(m["role"], m["content"]) for m in row["messages"]])
-            )
+            row = json.loads(line)  # as Conversation.to_row wrote it
+            turns = [Turn(**message) for message in row["messages"]]
+            out.append(Conversation(row["id"], turns, tools=row.get("tools")))
+    # answered up to their first tool result, the turns after it dropped (module doc)
+    cut = sum(len(_before_tool_results(c)) < len(c.turns) for c in conversations)
     stats = {
         "tokens": tokens,
         "seconds": seconds,
         "tokens_per_second": tokens / max(seconds, 1e-9),
         "failures": failures,
+        "cut_at_tool_results": cut,
     }
     with open(folder / "stats.jsonl", "a") as f:
         f.write(json.dumps(stats) + "\n")
     if failures:
         print(f"regenerate: {len(failures)} rows skipped or cut short, e.g. {failures[:3]}")
+    if cut:
+        print(f"regenerate: {cut} conversations answered up to their first tool result")
     return out

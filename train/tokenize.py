@@ -6,17 +6,22 @@ generation prompt appended and the rendering of turns <= i. That covers the repl
 template's end-of-turn marker (so the draft learns to predict it), never the role header, and
 needs no per-model regex. A template that renders a turn otherwise once later turns follow
 (Qwen3) has each reply found in the whole rendering instead. Character spans become token masks
-through the offset mapping.
+through the offset mapping. Tool use: a conversation's `tools` reach the template, a reply's
+span covers the calls it makes as the template writes them (tool results stay context), and a
+template that does not write the calls is a skip reason, not a reply trained without them.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 
 from draftsmith.conversations import Conversation
 
-PLAIN_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
+PLAIN_ROLES = {"system": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
+# stands in for an empty reply's text, to find where the template writes a reply
+PROBE = "draftsmith probe reply"
 
 
 class TemplateError(ValueError):
@@ -29,11 +34,14 @@ class Tokenized:
     loss_mask: list[int]
 
 
-def _render_plain(messages: list[dict], add_generation_prompt: bool, eos: str) -> str:
-    text = "".join(
-        f"{PLAIN_ROLES[m['role']]}: {m['content']}{eos if m['role'] == 'assistant' else ''}\n"
-        for m in messages
-    )
+def _render_plain(
+    messages: list[dict], add_generation_prompt: bool, eos: str, tools: list[dict] | None
+) -> str:
+    text = f"Tools: {json.dumps(tools)}\n" if tools else ""
+    for m in messages:
+        calls = "".join(f"\nCall: {json.dumps(c['function'])}" for c in m.get("tool_calls") or ())
+        end = eos if m["role"] == "assistant" else ""
+        text += f"{PLAIN_ROLES[m['role']]}: {m['content']}{calls}{end}\n"
     return text + ("Assistant: " if add_generation_prompt else "")
 
 
@@ -58,12 +66,19 @@ class ConversationTokenizer:
         # variables the template reads besides the messages (target.chat_template_kwargs)
         self.template_kwargs = dict(template_kwargs or {})
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    def render(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = False,
+        tools: list[dict] | None = None,
+    ) -> str:
         if self.template == "plain":
-            return _render_plain(messages, add_generation_prompt, self.tokenizer.eos_token or "")
+            eos = self.tokenizer.eos_token or ""
+            return _render_plain(messages, add_generation_prompt, eos, tools)
         try:
             return self.tokenizer.apply_chat_template(
                 messages,
+                tools=tools,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 **self.template_kwargs,
@@ -71,60 +86,95 @@ class ConversationTokenizer:
         except Exception as err:  # jinja raises TemplateError or whatever the template throws
             raise TemplateError(f"template rejected the conversation: {err}") from err
 
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
+    def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of `messages` followed by the assistant generation prompt."""
-        text = self.render(messages, add_generation_prompt=True)
+        text = self.render(messages, add_generation_prompt=True, tools=tools)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    def assistant_spans(
+        self, messages: list[dict], tools: list[dict] | None = None
+    ) -> tuple[str, list[tuple[int, int]]]:
         """The rendered conversation and the character span of each assistant turn."""
-        full = self.render(messages)
+        full = self.render(messages, tools=tools)
         spans = []
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            start = len(self.render(messages[:i], add_generation_prompt=True))
-            prefix = self.render(messages[: i + 1])
+            start = len(self.render(messages[:i], add_generation_prompt=True, tools=tools))
+            prefix = self.render(messages[: i + 1], tools=tools)
             if not full.startswith(prefix) or len(prefix) < start:
                 # the template renders a turn otherwise once later turns follow (Qwen3 gives
                 # only the replies after the last user turn a think block)
-                return full, self._found_spans(messages, full)
+                spans = self._found_spans(messages, full, tools)
+                break
             spans.append((start, len(prefix)))
+        replies = [m for m in messages if m["role"] == "assistant"]
+        for i, (message, (start, end)) in enumerate(zip(replies, spans)):
+            missing = [
+                c["function"]["name"]
+                for c in message.get("tool_calls") or ()
+                if c["function"]["name"] not in full[start:end]
+            ]
+            if missing:
+                raise TemplateError(
+                    f"template does not render tool calls: reply {i} calls {missing[0]!r}, "
+                    "which its rendering leaves out"
+                )
         return full, spans
 
     @functools.cached_property
     def _end_of_turn(self) -> str:
         """What the template writes after a reply's text (ChatML: `<|im_end|>\n`)."""
-        probe = "draftsmith probe reply"
         rendered = self.render(
-            [{"role": "user", "content": "q"}, {"role": "assistant", "content": probe}]
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": PROBE}]
         )
-        return rendered[rendered.rindex(probe) + len(probe) :]
+        return rendered[rendered.rindex(PROBE) + len(PROBE) :]
 
-    def _found_spans(self, messages: list[dict], full: str) -> list[tuple[int, int]]:
+    def _found_spans(
+        self, messages: list[dict], full: str, tools: list[dict] | None
+    ) -> list[tuple[int, int]]:
         """Assistant spans of a template that is not prefix-stable: each message's text found
         in order in the whole rendering; a reply's span is its text and the template's
-        end-of-turn marker after it (what the prefix renderings give a stable template). A reply
-        whose reasoning the template drops from the history (Qwen3 and other thinking models
-        show earlier replies without their `<think>` block) is found by its answer alone."""
+        end-of-turn marker after it (what the prefix renderings give a stable template), its
+        tool calls between them. A reply whose reasoning the template drops from the history
+        (Qwen3 and other thinking models show earlier replies without their `<think>` block) is
+        found by its answer alone; one that only calls tools is found where the template writes
+        a probe text in its place."""
         marker = self._end_of_turn
         spans, cursor = [], 0
         for i, message in enumerate(messages):
             text = message["content"].strip()  # templates may trim it (Llama 3 does)
-            at = full.find(text, cursor)
-            if at < 0 and "</think>" in text:
-                text = text.split("</think>")[-1].strip()
+            calls = message.get("tool_calls")
+            if calls and not text:
+                at = self._probe_position(messages, i, full, cursor, tools)
+            else:
                 at = full.find(text, cursor)
+                if at < 0 and "</think>" in text:
+                    text = text.split("</think>")[-1].strip()
+                    at = full.find(text, cursor)
             if at < 0:
                 raise TemplateError(
                     f"template not prefix-stable and turn {i}'s text is not in its rendering"
                 )
             cursor = at + len(text)
             if message["role"] == "assistant":
+                if calls:  # the calls come between the text and the end of the turn
+                    end = full.find(marker, cursor)
+                    cursor = cursor if end < 0 else end
                 if full.startswith(marker, cursor):
                     cursor += len(marker)
                 spans.append((at, cursor))
         return spans
+
+    def _probe_position(
+        self, messages: list[dict], i: int, full: str, cursor: int, tools: list[dict] | None
+    ) -> int:
+        """Where reply `i`, which has no text, starts in `full`: where the template writes a
+        probe text given as its content, if the rendering up to there is the same (-1 if not)."""
+        probed = [*messages[:i], {**messages[i], "content": PROBE}, *messages[i + 1 :]]
+        rendering = self.render(probed, tools=tools)
+        at = rendering.find(PROBE, cursor)
+        return at if at >= 0 and rendering[:at] == full[:at] else -1
 
     def __call__(self, conversation: Conversation) -> Tokenized:
         turns = conversation.turns
@@ -136,7 +186,7 @@ class ConversationTokenizer:
             messages = messages[1:]
         if not messages:
             raise TemplateError("no assistant turn after a prompt")
-        text, spans = self.assistant_spans(messages)
+        text, spans = self.assistant_spans(messages, conversation.tools)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
         mask = [0] * len(ids)
