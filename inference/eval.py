@@ -8,8 +8,10 @@ vanilla token for token; each divergence is reported with the target's top-2 log
 starts. Tau is also reported per prompt and, where the benchmark's rows name one (MT-bench's
 eight), per category. `eval.turns=all` decodes every user turn of a conversation (MT-bench's
 second turns, as EAGLE's MT-bench numbers do), each method answering after its own earlier
-answers; the goals' protocol is the first turns alone. A tau-only eval (no baselines) can split
-its conversations among `eval.workers` processes.
+answers; the goals' protocol is the first turns alone. A benchmark conversation's system turns
+(before its first user turn) and tools (function schemas) are in each of its prompts, as a
+served request has them. A tau-only eval (no baselines) can split its conversations among
+`eval.workers` processes.
 """
 
 from __future__ import annotations
@@ -60,14 +62,31 @@ def benchmark_source(cfg: Config) -> str:
     return source
 
 
-def user_turns(source: str, limit: int | None = None) -> tuple[list[list[str]], list[str]]:
+@dataclass
+class Setting:
+    """What a benchmark conversation gives every prompt besides its user turns: the system
+    turns before its first user turn and its tools (function schemas)."""
+
+    system: list[dict]
+    tools: list[dict] | None
+
+
+def user_turns(
+    source: str, limit: int | None = None
+) -> tuple[list[list[str]], list[str], list[Setting]]:
     """User turns of the first `limit` conversations of `source` (file, folder, HF dataset or
-    asset name) and each conversation's category ("" where the source names none)."""
+    asset name), each conversation's category ("" where the source names none) and setting."""
     conversations, report = read_conversations(source, limit=limit)
     conversations = [conv for conv in conversations if conv.user_prompts()]
     if not conversations:
         raise ValueError(f"benchmark {source!r} has no usable prompts ({report.summary()})")
-    return [conv.user_prompts() for conv in conversations], [c.category for c in conversations]
+    settings = []
+    for conv in conversations:
+        first_user = next(i for i, t in enumerate(conv.turns) if t.role == "user")
+        system = [t.to_message() for t in conv.turns[:first_user] if t.role == "system"]
+        settings.append(Setting(system, conv.tools))
+    turns = [conv.user_prompts() for conv in conversations]
+    return turns, [c.category for c in conversations], settings
 
 
 def first_turns(
@@ -75,19 +94,30 @@ def first_turns(
 ) -> tuple[list[list[int]], list[str]]:
     """First user turn of the first `limit` conversations of `source`, rendered with the target's
     chat template as the model sees a new chat, and each conversation's category."""
-    turns, categories = user_turns(source, limit)
-    return [chat_prompt(tokenizer, t[0]) for t in turns], categories
+    turns, categories, settings = user_turns(source, limit)
+    prompts = [
+        chat_prompt(tokenizer, t[0], s.system, None, s.tools) for t, s in zip(turns, settings)
+    ]
+    return prompts, categories
 
 
 def chat_prompt(
-    tokenizer, text: str, history: list[dict] | None = None, template_kwargs: dict | None = None
+    tokenizer,
+    text: str,
+    history: list[dict] | None = None,
+    template_kwargs: dict | None = None,
+    tools: list[dict] | None = None,
 ) -> list[int]:
     """`text` as the next user turn after `history` (earlier messages; none: a new chat), in the
-    target's chat template (with `template_kwargs`: target.chat_template_kwargs), ending in the
-    generation prompt."""
+    target's chat template (with `template_kwargs`: target.chat_template_kwargs, and `tools`),
+    ending in the generation prompt."""
     messages = [*(history or []), {"role": "user", "content": text}]
     ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, return_dict=False, **(template_kwargs or {})
+        messages,
+        tools=tools,
+        add_generation_prompt=True,
+        return_dict=False,
+        **(template_kwargs or {}),
     )
     return list(ids)
 
@@ -315,7 +345,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
             )
         contenders.append(_Contender(run, head_path, decoder, draft))
     e = cfg.eval
-    conversations, categories = user_turns(benchmark_source(cfg), e.limit)
+    conversations, categories, settings = user_turns(benchmark_source(cfg), e.limit)
     if e.turns == "first":
         conversations = [turns[:1] for turns in conversations]
     sampling = Sampling(e.temperature, e.top_p, e.top_k)
@@ -339,7 +369,10 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
 
     if e.compile:
         compile_target(target)
-        first = chat_prompt(tokenizer, conversations[0][0], None, template_kwargs)
+        setting = settings[0]
+        first = chat_prompt(
+            tokenizer, conversations[0][0], setting.system, template_kwargs, setting.tools
+        )
         for method in tqdm(methods, desc="compile (untimed warm-up)", unit="method"):
             decode(method, first, cfg.seed)
         for c in contenders:
@@ -359,11 +392,12 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
             # the order rotates per conversation so no method always runs first (warm caches,
             # clocks)
             order = methods[index % len(methods) :] + methods[: index % len(methods)]
+            setting = settings[index]
             for method in order:
-                history: list[dict] = []
+                history = list(setting.system)
                 seen[method] = []
                 for turn, text in enumerate(turns):
-                    prompt = chat_prompt(tokenizer, text, history, template_kwargs)
+                    prompt = chat_prompt(tokenizer, text, history, template_kwargs, setting.tools)
                     # turn 0 keeps the seed a first-turn eval has always used
                     seed = cfg.seed + index + turn * len(conversations)
                     t0 = time.perf_counter()

@@ -227,3 +227,29 @@ def test_chat_template_kwargs_reach_every_rendering(tmp_path: Path, head_dir: Pa
     off = {"enable_thinking": False}
     # eval's two turns, generate's prompt, prepare's renderer
     assert seen == [("eval", off), ("eval", off), ("generate", off), ("prepare", off)]
+
+
+def test_a_conversations_system_turns_and_tools_reach_its_prompts(
+    tmp_path: Path, head_dir: Path, monkeypatch
+) -> None:
+    """Every prompt of a benchmark conversation starts with its system turns and carries its
+    tools, later turns after the method's own answers."""
+    seen = []
+    real = evaluate.chat_prompt
+
+    def recording(tokenizer, text, history, kwargs, tools):
+        seen.append((text, list(history), tools))
+        return real(tokenizer, text, history, kwargs, tools)
+
+    monkeypatch.setattr(evaluate, "chat_prompt", recording)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    system = {"role": "system", "content": "Be brief."}
+    turns = [system, {"role": "user", "content": "Weather?"}, {"role": "user", "content": "More?"}]
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"id": "s", "tools": tools, "messages": turns}) + "\n")
+    overrides = _tiny_eval(tmp_path, head_dir, bench, "eval.max_new_tokens=4")
+    evaluate.run(compose([*overrides, "eval.baselines=[]", "eval.turns=all"]))
+    (first, history, tools_first), (second, later, tools_second) = seen
+    assert (first, history, tools_first) == ("Weather?", [system], tools)
+    assert second == "More?" and tools_second == tools
+    assert [m["role"] for m in later] == ["system", "user", "assistant"]

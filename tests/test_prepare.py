@@ -200,6 +200,8 @@ def test_tool_calls_are_learned_as_the_template_writes_them(tiny_tokenizer) -> N
     text before them, in a prefix-stable template (Qwen2.5's) and in one found in the whole
     rendering (Qwen3's); the schemas reach the template and tool results stay context. A
     template that leaves calls out is a skip reason; `plain` writes them too."""
+    from draftsmith.inference.eval import chat_prompt
+
     tokenizer = load_tokenizer(tiny_tokenizer.name_or_path)
     calls = "\n".join(
         f"<tool_call>\n{json.dumps(c['function'])}\n</tool_call>" for c in (PARIS, ROME)
@@ -213,6 +215,10 @@ def test_tool_calls_are_learned_as_the_template_writes_them(tiny_tokenizer) -> N
             assert masked == reply + rest, (template == QWEN3, text)
             assert f"<tools>{json.dumps([WEATHER])}</tools>" in unmasked
             assert "22C" in unmasked and "25C" in unmasked
+    # eval renders a benchmark row's prompts with its tools as prepare does
+    first = [{"role": "user", "content": "Weather in Paris and Rome?"}]
+    prompt = ConversationTokenizer(tokenizer).prompt_ids(first, [WEATHER])
+    assert chat_prompt(tokenizer, first[0]["content"], None, None, [WEATHER]) == prompt
     tokenizer.chat_template = None  # the tiny target's ChatML, as SmolLM2's: no tool calls
     with pytest.raises(TemplateError, match="does not render tool calls: reply 0 calls"):
         ConversationTokenizer(tiny_tokenizer)(tool_conversation(""))
