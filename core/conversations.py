@@ -13,7 +13,8 @@ malformed record is an error, as reading on past it cannot be done reliably.
 Tool use, as chat templates take it: a row's `tools` (function schemas, a list or JSON text),
 assistant turns with `tool_calls` (OpenAI's `{type, function: {name, arguments}}`, arguments as
 JSON text or an object; ShareGPT's `function_call` turns, whose value is the call) and tool
-results (roles `tool`, `function`, `ipython`, `observation`).
+results (roles `tool`, `function`, `ipython`, `observation`). A reply's reasoning given apart
+(`reasoning_content` or `reasoning`) is put in front of its text in a `<think>` block.
 """
 
 from __future__ import annotations
@@ -172,6 +173,11 @@ def _turns_from(items: Any, role_key: str, content_key: str) -> list[Turn]:
             raise RowError(
                 f"non-string content: turn {i} {content_key} is {type(content).__name__}"
             )
+        reasoning = item.get("reasoning_content") or item.get("reasoning")
+        if role == "assistant" and isinstance(reasoning, str) and "</think>" not in content:
+            # reasoning given apart (vLLM's and SGLang's reasoning parsers write it so) goes in
+            # front of the answer as thinking models write it, and their templates read it back
+            content = f"<think>\n{reasoning.strip()}\n</think>\n\n{content.lstrip()}"
         turn = Turn(role, content)
         if calls is not None:
             if role != "assistant":

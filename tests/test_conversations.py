@@ -317,3 +317,24 @@ def test_tool_use_rows(tmp_path: Path) -> None:
     }
     for conv in convs:
         assert parse_row(json.loads(json.dumps(conv.to_row())), 0) == conv
+
+
+def test_reasoning_given_apart_goes_before_the_answer(tmp_path: Path) -> None:
+    """A reply's `reasoning_content` (or `reasoning`) becomes the `<think>` block thinking
+    models write before their answer; reasoning already in the text is left as it is."""
+    rows = [
+        {"messages": [{"role": "user", "content": "2+2?"}, reply]}
+        for reply in (
+            {"role": "assistant", "content": "4.", "reasoning_content": "\nTwo and two.\n"},
+            {"role": "assistant", "content": "4.", "reasoning": "Two and two."},
+            {"role": "assistant", "content": "<think>\nSum.\n</think>\n\n4.", "reasoning": "x"},
+        )
+    ]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    convs, _ = read_conversations(str(path))
+    assert [c.turns[1].content for c in convs] == [
+        "<think>\nTwo and two.\n</think>\n\n4.",
+        "<think>\nTwo and two.\n</think>\n\n4.",
+        "<think>\nSum.\n</think>\n\n4.",
+    ]
