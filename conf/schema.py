@@ -29,6 +29,9 @@ class TargetConfig:
     # (prepare's loss masks and regeneration prompts, eval and generate prompts), e.g.
     # {enable_thinking: false} for Qwen3's non-thinking mode
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # a chat template (a Jinja file, or its text) instead of the tokenizer's own, in the same
+    # renderings: e.g. one that writes tool calls, for a target whose own template drops them
+    chat_template: str | None = None
     # where the target decodes (eval, with the heads; regeneration), pack its frozen bf16 or fp32
     # linear weights for oneDNN on CPU first (draftsmith.packed: in bf16 the same outputs bit for
     # bit, decoding ~25% faster on SmolLM2; in fp32 within rounding, ~20% faster on AVX2). Off

@@ -6,6 +6,7 @@ stage agrees on dtype handling, `trust_remote_code` (off unless asked) and error
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import os
 from pathlib import Path
@@ -83,7 +84,11 @@ def _unloadable(name_or_path: str, err: OSError) -> AssetError:
     )
 
 
-def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+def load_tokenizer(
+    name_or_path: str, trust_remote_code: bool = False, chat_template: str | None = None
+):
+    """The target's tokenizer; `chat_template` (target.chat_template: a file or the template's
+    text) replaces its own chat template."""
     from transformers import AutoTokenizer
 
     path = resolve_target_path(name_or_path)
@@ -93,7 +98,31 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
         raise _unloadable(name_or_path, err) from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template_text(chat_template)
     return tokenizer
+
+
+def chat_template_digest(value: str | None) -> str | None:
+    """A short name for target.chat_template's template (None when it is not set), for the
+    names of what its renderings produce."""
+    if value is None:
+        return None
+    return hashlib.sha256(chat_template_text(value).encode()).hexdigest()[:8]
+
+
+def chat_template_text(value: str) -> str:
+    """target.chat_template's template: the text itself when it holds Jinja tags, else the
+    contents of the file it names."""
+    if "{%" in value or "{{" in value:
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"target.chat_template={value!r}: no such file (give a Jinja template file, such as "
+            "a model's chat_template.jinja, or the template's text)"
+        )
+    return path.read_text()
 
 
 def load_target(

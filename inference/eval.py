@@ -39,6 +39,7 @@ from draftsmith.inference.tree import TreeSpec
 from draftsmith.inference.verify import Sampling, generate_kwargs
 from draftsmith.packed import pack_linears
 from draftsmith.target import (
+    chat_template_digest,
     compile_target,
     load_target,
     load_tokenizer,
@@ -320,7 +321,9 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
     """Decode conversations shard, shard + workers, ... with every method."""
     if len({cfg.run_name, *cfg.eval.heads}) != 1 + len(cfg.eval.heads):
         raise ValueError(f"eval.heads={cfg.eval.heads}: repeats a run (this run is {cfg.run_name})")
-    tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
+    tokenizer = load_tokenizer(
+        cfg.target.path, cfg.target.trust_remote_code, cfg.target.chat_template
+    )
     template_kwargs = cfg.target.chat_template_kwargs
     # every method decodes with the same (maybe packed) target, so the ratios stay like for like
     target, info, parts, packed = decoding_target(cfg)
@@ -442,6 +445,7 @@ def _results(cfg: Config, p: _Pass) -> dict[str, dict]:
         results[c.run] = {
             "machine": machine,
             "target": p.info.name,
+            "chat_template": chat_template_digest(cfg.target.chat_template),
             "chat_template_kwargs": cfg.target.chat_template_kwargs,
             # the head's own draft vocabulary (None: the target's); `draft_vocab_size` below is
             # a subset of the target's vocabulary chosen at eval (eval.draft_vocab_size)
@@ -523,7 +527,9 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
         tag += "-allturns"
     if cfg.eval.temperature > 0 and t.sample_drafts and not cfg.eval.tag:
         tag += "-drawn"  # children drawn from the head (earlier T > 0 evals took its top k)
-    if not cfg.eval.tag:  # other template variables, other prompts: other results
+    if not cfg.eval.tag:  # another template or its variables, other prompts: other results
+        if cfg.target.chat_template is not None:
+            tag += f"-template{chat_template_digest(cfg.target.chat_template)}"
         tag += "".join(f"-{k}={v}" for k, v in sorted(cfg.target.chat_template_kwargs.items()))
     vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
     tag = f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")

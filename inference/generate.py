@@ -68,7 +68,9 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
             'generate.prompt is empty: pass generate.prompt="your message" (quoted again '
             "for Hydra if it holds a comma), or generate.prompt=- to read it from stdin"
         )
-    tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
+    tokenizer = load_tokenizer(
+        cfg.target.path, cfg.target.trust_remote_code, cfg.target.chat_template
+    )
     target, info, parts, _ = decoding_target(cfg)
     head, _ = decoding_head(cfg, cfg.resolved_head_path(), info, parts)
     # as eval decodes it: a head drafting through the target's lm_head may be cut to the most

@@ -253,3 +253,85 @@ def test_a_conversations_system_turns_and_tools_reach_its_prompts(
     assert (first, history, tools_first) == ("Weather?", [system], tools)
     assert second == "More?" and tools_second == tools
     assert [m["role"] for m in later] == ["system", "user", "assistant"]
+
+
+# ChatML that writes tool calls (the tiny target's own, as SmolLM2's, leaves them out)
+TOOL_CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\n' + m.content }}"
+    "{% for c in m.tool_calls or [] %}{{ '<tool_call>' + (c.function | tojson) + '</tool_call>' }}"
+    "{% endfor %}{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_a_chat_template_of_ones_own_reaches_every_rendering(
+    tmp_path: Path, head_dir: Path, monkeypatch
+) -> None:
+    """target.chat_template (a file, or the text itself) replaces the tokenizer's template in
+    prepare (tool calls the target's own template drops are then learned), eval and generate;
+    eval names it in its folder and results."""
+    import io
+
+    from draftsmith.inference import generate
+    from draftsmith.target import chat_template_digest, load_tokenizer
+    from draftsmith.train import prepare
+
+    template = tmp_path / "tools.jinja"
+    template.write_text(TOOL_CHATML)
+    call = {"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    tool_chat = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "22C"},
+        {"role": "assistant", "content": "22C."},
+    ]
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(
+        "".join(json.dumps({"id": f"t{i}", "messages": tool_chat}) + "\n" for i in range(4))
+    )
+    bench = _benchmark(tmp_path / "question.jsonl", [("math", "What is 12 times 7?")])
+    overrides = _tiny_eval(tmp_path, head_dir, bench, "eval.max_new_tokens=4", f"data.path={chats}")
+    with pytest.raises(ValueError, match="template does not render tool calls"):
+        prepare.run(compose(overrides))  # the tiny target's own template: every row skipped
+    overrides.append(f"target.chat_template={template}")
+    stats = prepare.run(compose(overrides))
+    assert stats["skipped"] == {} and stats["rows"]["train"] == 3
+    tokenizer = load_tokenizer("tiny-random-llama", chat_template=TOOL_CHATML)
+    assert tokenizer.chat_template == TOOL_CHATML
+    with pytest.raises(FileNotFoundError, match="target.chat_template='nowhere.jinja'"):
+        load_tokenizer("tiny-random-llama", chat_template="nowhere.jinja")
+    train = __import__("datasets").load_from_disk(str(tmp_path / "runs/default/prepare/dataset"))
+    row = train["train"][0]
+    masked = tokenizer.decode([t for t, m in zip(row["input_ids"], row["loss_mask"]) if m])
+    assert masked == (
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+        "<|im_end|>\n22C.<|im_end|>\n"
+    )
+
+    seen = []
+
+    def recording(stage: str, real):
+        def wrapper(tokenizer, *args):
+            seen.append((stage, tokenizer.chat_template))
+            return real(tokenizer, *args)
+
+        return wrapper
+
+    monkeypatch.setattr(evaluate, "chat_prompt", recording("eval", evaluate.chat_prompt))
+    monkeypatch.setattr(generate, "chat_prompt", recording("generate", generate.chat_prompt))
+    r = evaluate.run(compose([*overrides, "eval.baselines=[]"]))
+    digest = chat_template_digest(str(template))
+    assert r["chat_template"] == digest == chat_template_digest(TOOL_CHATML)
+    tag = f"question-dynamic-d3-k4-n16-lookup3-template{digest}-T0-float32"
+    assert Path(tmp_path, "runs/default/eval", tag, "results.json").exists()
+    generate.run(
+        compose([*overrides, "generate.prompt=hi", "generate.max_new_tokens=4"]), out=io.StringIO()
+    )
+    assert seen == [("eval", TOOL_CHATML), ("generate", TOOL_CHATML)]
+    # regeneration chunks are named by it
+    named = []
+    regenerate = prepare.regenerate
+    monkeypatch.setattr(prepare, "regenerate", lambda *a: named.append(a[-1]) or regenerate(*a))
+    regen = ["run_name=regen", "data.regenerate=true", "data.regen.max_new_tokens=4"]
+    prepare.run(compose([*overrides, *regen]))
+    assert named == [digest, digest]  # the held-out and training splits

@@ -394,22 +394,23 @@ def test_regeneration_chunk_names_follow_their_settings() -> None:
     target = SimpleNamespace(config=SimpleNamespace(_name_or_path="smollm2-135m-instruct"))
     chunk = [Conversation("a", []), Conversation("b", [])]
 
-    def name(template_kwargs: dict | None = None, **settings) -> str:
+    def name(template_kwargs: dict | None = None, template=None, **settings) -> str:
         return chunk_path(
-            Path("r"), 3, chunk, target, RegenConfig(**settings), template_kwargs
+            Path("r"), 3, chunk, target, RegenConfig(**settings), template_kwargs, template
         ).name
 
     assert name(temperature=0.7, top_p=0.9) == "chunk_00003_52791ea5cc16.jsonl"  # as before
     assert name({}, temperature=0.7, top_p=0.9) == "chunk_00003_52791ea5cc16.jsonl"
     names = {
         name({"enable_thinking": False}, temperature=0.7, top_p=0.9),
+        name(None, "0123abcd", temperature=0.7, top_p=0.9),  # target.chat_template's digest
         name(temperature=0.7, top_p=0.9, top_k=5),
         name(temperature=0.7, top_p=0.8),
         name(temperature=0.7, top_p=0.9, max_new_tokens=64),
         name(temperature=0.7, top_p=0.9, max_prompt_len=512),
         name(temperature=0.7, top_p=0.9),
     }
-    assert len(names) == 6
+    assert len(names) == 7
 
 
 def test_regeneration_keeps_the_turns_answered_before_a_bad_prompt(

@@ -21,7 +21,7 @@ from draftsmith.conf.schema import Config
 from draftsmith.conversations import Conversation, read_conversations, skipped_text
 from draftsmith.files import write_text_atomic
 from draftsmith.packed import pack_linears
-from draftsmith.target import load_target, load_tokenizer
+from draftsmith.target import chat_template_digest, load_target, load_tokenizer
 from draftsmith.train.regen_server import served_target
 from draftsmith.train.regenerate import regenerate
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
@@ -79,17 +79,23 @@ def run(cfg: Config) -> dict:
     random.Random(cfg.seed).shuffle(conversations)
     heldout_count = min(d.heldout, max(len(conversations) // 10, 1))
     splits = {"heldout": conversations[:heldout_count], "train": conversations[heldout_count:]}
-    tokenizer = load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
+    tokenizer = load_tokenizer(
+        cfg.target.path, cfg.target.trust_remote_code, cfg.target.chat_template
+    )
     renderer = ConversationTokenizer(
         tokenizer, d.template, d.max_len, d.length_policy, cfg.target.chat_template_kwargs
     )
     if d.regenerate:
         target = _answering_target(cfg)
+        template = chat_template_digest(cfg.target.chat_template)
         for name in ("heldout", "train"):
             n = len(splits[name]) if d.regen.rows is None else d.regen.rows
             first, rest = splits[name][:n], splits[name][n:]
             splits[name] = (
-                regenerate(target, tokenizer, renderer, first, d.regen, out / "regen" / name) + rest
+                regenerate(
+                    target, tokenizer, renderer, first, d.regen, out / "regen" / name, template
+                )
+                + rest
             )
     skipped: Counter = Counter()
     examples: list[str] = []

@@ -252,15 +252,19 @@ def chunk_path(
     target,
     cfg: RegenConfig,
     template_kwargs: dict | None = None,
+    template: str | None = None,
 ) -> Path:
     """Where chunk `index` lives; the name changes whenever its inputs do (see module doc),
-    `template_kwargs` (target.chat_template_kwargs, which change the prompts) included."""
+    `template_kwargs` (target.chat_template_kwargs) and `template` (target.chat_template's
+    digest), which change the prompts, included."""
     settings = (cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.max_prompt_len)
     # each only when set, so chunks written before it existed keep their names
     if cfg.top_k:
         settings += (cfg.top_k,)
     if template_kwargs:
         settings += (json.dumps(template_kwargs, sort_keys=True),)
+    if template:
+        settings += (template,)
     key = [getattr(target.config, "_name_or_path", ""), *map(str, settings), *(c.id for c in chunk)]
     digest = hashlib.sha256("\n".join(key).encode()).hexdigest()[:12]
     return folder / f"chunk_{index:05d}_{digest}.jsonl"
@@ -273,8 +277,10 @@ def regenerate(
     conversations: list[Conversation],
     cfg: RegenConfig,
     folder: Path,
+    template: str | None = None,
 ) -> list[Conversation]:
-    """Resumable regeneration into `folder/chunk_*.jsonl`; returns all regenerated conversations."""
+    """Resumable regeneration into `folder/chunk_*.jsonl`; returns all regenerated conversations
+    (`template`: target.chat_template's digest, if set)."""
     folder.mkdir(parents=True, exist_ok=True)
     chunks = [
         conversations[i : i + cfg.chunk_rows] for i in range(0, len(conversations), cfg.chunk_rows)
@@ -283,7 +289,7 @@ def regenerate(
     failures: list[str] = []
     tokens, seconds = 0, 0.0
     for index, chunk in enumerate(tqdm(chunks, desc="regenerate", unit="chunk")):
-        path = chunk_path(folder, index, chunk, target, cfg, renderer.template_kwargs)
+        path = chunk_path(folder, index, chunk, target, cfg, renderer.template_kwargs, template)
         if not path.exists():
             t0 = time.perf_counter()
             new, produced = regenerate_chunk(target, tokenizer, renderer, chunk, cfg, failures)
