@@ -123,6 +123,8 @@ class DataConfig:
     # let the target answer every user turn itself (self-distillation)
     regenerate: bool = False
     regen: RegenConfig = field(default_factory=RegenConfig)
+    # conversations `draftsmith preview` shows rendered, the tokens a head learns marked
+    preview: int = 3
 
     def __post_init__(self) -> None:
         _check(self.template, ("auto", "plain"), "data.template")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 # stage -> "module:function" taking a typed Config. Only implemented stages are listed.
 STAGES: dict[str, str] = {
     "prepare": "draftsmith.train.prepare:run",
+    "preview": "draftsmith.train.preview:run",
     "collect": "draftsmith.train.collect:run",
     "train": "draftsmith.train.launch:run",
     "eval": "draftsmith.inference.eval:run",

@@ -483,3 +483,33 @@ def test_regeneration_answers_tool_conversations_up_to_their_first_result(
     assert with_tools[0].endswith("Weather in Paris and Rome?<|im_end|>\n<|im_start|>assistant\n")
     stats = json.loads((tmp_path / "stats.jsonl").read_text().splitlines()[-1])
     assert stats["cut_at_tool_results"] == 1
+
+
+def test_preview_marks_the_learned_tokens_and_names_skips(tmp_path: Path) -> None:
+    """`draftsmith preview` prints conversations as prepare renders them, each learned span
+    marked, and why prepare would skip the others; it writes nothing."""
+    import io
+
+    from draftsmith.train import preview
+
+    rows = [
+        {"id": "ok", "messages": CONV.to_messages()},
+        {"id": "question", "messages": [{"role": "user", "content": "only a question"}]},
+        {"id": "unseen", "messages": CONV.to_messages()},
+    ]
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = io.StringIO()
+    cfg = compose(
+        [f"runs_dir={tmp_path}/runs", "target=tiny-random-llama", f"data.path={path}"]
+        + ["data.preview=2"]
+    )
+    shown = preview.run(cfg, out)
+    text = out.getvalue()
+    assert (
+        "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n⟦Hello!<|im_end|>\n⟧" in text
+    )
+    assert "== question: skipped: no assistant turn" in text and "unseen" not in text
+    # byte tokens, <|im_end|> one: "Hello!" <|im_end|> "\n" "Bye." <|im_end|> "\n"
+    assert shown == {"ok": 6 + 2 + 4 + 2, "question": "no assistant turn"}
+    assert not (tmp_path / "runs").exists()

@@ -48,6 +48,17 @@ def tokenize_all(
     return rows
 
 
+def conversation_renderer(cfg: Config) -> ConversationTokenizer:
+    """The target's tokenizer and chat template as prepare renders conversations with them."""
+    tokenizer = load_tokenizer(
+        cfg.target.path, cfg.target.trust_remote_code, cfg.target.chat_template
+    )
+    d = cfg.data
+    return ConversationTokenizer(
+        tokenizer, d.template, d.max_len, d.length_policy, cfg.target.chat_template_kwargs
+    )
+
+
 def _answering_target(cfg: Config):
     """The target as regeneration runs it: loaded (packed: the same answers, faster), or only
     its config files when servers run it (data.regen.engine=server)."""
@@ -79,12 +90,8 @@ def run(cfg: Config) -> dict:
     random.Random(cfg.seed).shuffle(conversations)
     heldout_count = min(d.heldout, max(len(conversations) // 10, 1))
     splits = {"heldout": conversations[:heldout_count], "train": conversations[heldout_count:]}
-    tokenizer = load_tokenizer(
-        cfg.target.path, cfg.target.trust_remote_code, cfg.target.chat_template
-    )
-    renderer = ConversationTokenizer(
-        tokenizer, d.template, d.max_len, d.length_policy, cfg.target.chat_template_kwargs
-    )
+    renderer = conversation_renderer(cfg)
+    tokenizer = renderer.tokenizer
     if d.regenerate:
         target = _answering_target(cfg)
         template = chat_template_digest(cfg.target.chat_template)
