@@ -13,7 +13,8 @@ malformed record is an error, as reading on past it cannot be done reliably.
 Tool use, as chat templates take it: a row's `tools` (function schemas, a list or JSON text),
 assistant turns with `tool_calls` (OpenAI's `{type, function: {name, arguments}}`, arguments as
 JSON text or an object; ShareGPT's `function_call` turns, whose value is the call) and tool
-results (roles `tool`, `function`, `ipython`, `observation`). A reply's reasoning given apart
+results (roles `tool`, `function`, `ipython`, `observation`); xLAM rows (`query`, `tools`,
+`answers`: the calls) are a user turn and a reply of calls. A reply's reasoning given apart
 (`reasoning_content` or `reasoning`) is put in front of its text in a `<think>` block.
 """
 
@@ -281,6 +282,9 @@ def parse_row(row: Any, index: int) -> Conversation:
         if not all(isinstance(t, str) for t in row["turns"] or [None]):
             raise RowError("non-string content: MT-bench turns")
         turns = [Turn("user", t) for t in row["turns"]]
+    elif "query" in row and "answers" in row:  # xLAM function calling: one reply of calls
+        turns = [Turn("user", _text(row, "query"))]
+        turns.append(Turn("assistant", "", tool_calls=_tool_calls(row["answers"], 1)))
     elif "prompt" in row or "instruction" in row:
         turns = _pair_turns(row)
     elif "text" in row:

@@ -248,7 +248,8 @@ WEATHER = {
 def test_tool_use_rows(tmp_path: Path) -> None:
     """OpenAI tool calls (arguments as JSON text, a reply without content), tool results and
     `tools`; LLaMA-Factory's ShareGPT `function_call` / `observation` turns with `tools` as
-    JSON text; a bad call is a skipped row naming its turn; rows survive to_row -> parse_row."""
+    JSON text; xLAM's query / tools / answers; a bad call is a skipped row naming its turn;
+    rows survive to_row -> parse_row."""
     from draftsmith.conversations import parse_row
 
     call = {"id": "c1", "type": "function"}
@@ -278,6 +279,12 @@ def test_tool_use_rows(tmp_path: Path) -> None:
             ],
         },
         {
+            "id": "xlam",
+            "query": "Weather in Paris?",
+            "tools": json.dumps([WEATHER]),
+            "answers": '[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+        },
+        {
             "id": "bad_arguments",
             "messages": [
                 {"role": "user", "content": "q"},
@@ -295,19 +302,21 @@ def test_tool_use_rows(tmp_path: Path) -> None:
     path = tmp_path / "tools.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     convs, report = read_conversations(str(path))
-    assert [c.id for c in convs] == ["openai", "llamafactory"]
+    assert [c.id for c in convs] == ["openai", "llamafactory", "xlam"]
     assert report.examples == [
-        "row 2: invalid tool call: turn 1 call 0 arguments are not JSON: Expecting property name "
+        "row 3: invalid tool call: turn 1 call 0 arguments are not JSON: Expecting property name "
         "enclosed in double quotes at column 2",
-        "row 3: invalid tool call: turn 0 is a user turn with tool_calls",
+        "row 4: invalid tool call: turn 0 is a user turn with tool_calls",
     ]
-    openai, factory = convs
-    assert openai.tools == factory.tools == [WEATHER]
+    openai, factory, xlam = convs
+    assert openai.tools == factory.tools == xlam.tools == [WEATHER]
     assert [t.role for t in openai.turns] == [t.role for t in factory.turns]
     assert [t.role for t in openai.turns] == ["user", "assistant", "tool", "assistant"]
     expected = {"name": "get_weather", "arguments": {"city": "Paris"}}
     assert openai.turns[1].tool_calls == [{"type": "function", "function": expected, "id": "c1"}]
     assert factory.turns[1].tool_calls == [{"type": "function", "function": expected}]
+    assert xlam.turns[1].tool_calls == factory.turns[1].tool_calls
+    assert [t.role for t in xlam.turns] == ["user", "assistant"]
     assert openai.turns[1].content == factory.turns[1].content == ""
     assert openai.to_messages()[2] == {
         "role": "tool",
