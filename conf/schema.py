@@ -141,9 +141,14 @@ class CollectConfig:
     tokens_per_batch: int = 8192
     # tokens per shard file
     shard_tokens: int = 131072
+    # processes collecting shards side by side, each with its own copy of the target: on GPUs
+    # (device=cuda) worker r uses cuda:r; on a CPU they split its cores
+    workers: int = 1
 
     def __post_init__(self) -> None:
         _check(self.storage_dtype, ("float16", "bfloat16"), "collect.storage_dtype")
+        if self.workers < 1:
+            raise ValueError(f"collect.workers={self.workers} must be >= 1")
 
 
 @dataclass

@@ -122,3 +122,25 @@ def test_training_refuses_features_it_cannot_read_naming_the_file(
     index.unlink()
     with pytest.raises(FileNotFoundError, match="no collected features"):
         ShardRows(out, "train", max_len=64)
+
+
+def test_workers_collect_the_same_shards(tmp_path: Path) -> None:
+    """collect.workers=2: two processes collect the shards side by side into the same files and
+    index as one process does (on a CPU each on one core; on GPUs one per device)."""
+    from safetensors.torch import load_file
+
+    overrides = tiny_run(tmp_path)
+    collect.run(compose([*overrides, "run_name=w", "inputs_from=t", "collect.workers=2"]))
+    one, two = tmp_path / "runs/t/collect", tmp_path / "runs/w/collect"
+    index_one = json.loads((one / "index.json").read_text())
+    index_two = json.loads((two / "index.json").read_text())
+    assert index_two["complete"]
+    for split in ("train", "heldout"):
+        files = [s["file"] for s in index_one["splits"][split]["shards"]]
+        assert [s["file"] for s in index_two["splits"][split]["shards"]] == files
+        for name in files:
+            a, b = load_file(one / name), load_file(two / name)
+            assert a.keys() == b.keys()
+            for key in a:
+                torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-3)
+    assert collect.verify_shards(two) == sum(len(s["shards"]) for s in index_one["splits"].values())

@@ -13,7 +13,9 @@ the same bytes. Only one shard of features is ever in memory.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
@@ -27,6 +29,7 @@ from draftsmith.files import write_text_atomic
 from draftsmith.heads import TargetInfo, TargetParts
 from draftsmith.heads.eagle3 import default_aux_layers
 from draftsmith.target import load_target, target_name, torch_dtype
+from draftsmith.train.regen_server import served_target
 
 INDEX = "index.json"
 
@@ -125,6 +128,65 @@ def aux_layers_for(cfg: Config, num_layers: int) -> list[int]:
     return list(head_layers) if head_layers else default_aux_layers(num_layers)
 
 
+SPLITS = ("train", "heldout")
+
+
+def _collecting_target(cfg: Config, device: str):
+    target = load_target(cfg.target.path, cfg.dtype, device, cfg.target.trust_remote_code)
+    TargetParts.from_model(target).check(target)  # an unknown logit transform fails here, early
+    return target
+
+
+def write_shard(
+    out: Path, name: str, target, data, rows: list[int], lengths: list[int], aux_layers, cfg, bar
+) -> dict:
+    """Collect shard `name` (split/shard_k) of `rows` to its file atomically; its index entry."""
+    tensors = collect_shard(target, data, rows, lengths, aux_layers, cfg, bar)
+    path = out / name
+    tmp = path.with_suffix(".tmp")
+    # one metadata key: safetensors writes its metadata map in no fixed order, and resumed
+    # shards must be byte-identical
+    meta = {"rows": json.dumps([[i, data[i]["id"]] for i in rows])}
+    save_file(tensors, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+    return {
+        "file": name,
+        "rows": len(rows),
+        "tokens": int(tensors["offsets"][-1]),
+        "size": path.stat().st_size,
+        "sha256": sha256_file(path),
+    }
+
+
+# a collect.workers process's target and prepared data, loaded once by _start_worker
+_WORKER: dict = {}
+
+
+def _start_worker(cfg: Config, ranks, aux_layers: list[int]) -> None:
+    """Pool initializer: worker r collects on cuda:r (device=cuda), or on its share of the
+    CPU's cores."""
+    import datasets
+
+    rank = ranks.get()
+    device = f"cuda:{rank}" if cfg.device.startswith("cuda") else cfg.device
+    if device == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.collect.workers))
+    prepared = Path(cfg.input_dir("prepare")) / "dataset"
+    _WORKER.update(
+        cfg=cfg,
+        target=_collecting_target(cfg, device),
+        dataset=datasets.load_from_disk(str(prepared)),
+        aux_layers=aux_layers,
+    )
+
+
+def _worker_shard(name: str, split: str, rows: list[int], lengths: list[int]) -> dict:
+    w = _WORKER
+    out = Path(w["cfg"].stage_dir("collect"))
+    data = w["dataset"][split]
+    return write_shard(out, name, w["target"], data, rows, lengths, w["aux_layers"], w["cfg"], None)
+
+
 def run(cfg: Config) -> dict:
     import datasets
 
@@ -138,9 +200,15 @@ def run(cfg: Config) -> dict:
             f"{prepared}: run `draftsmith prepare run_name={cfg.run_name}` first"
         )
     dataset = datasets.load_from_disk(str(prepared))
-    target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
-    TargetParts.from_model(target).check(target)  # an unknown logit transform fails here, early
-    info = TargetInfo.from_hf_config(target.config)  # an image-text model's: its text decoder's
+    workers = cfg.collect.workers
+    # with workers, each loads its own target; this process reads only the target's config
+    target = _collecting_target(cfg, cfg.device) if workers == 1 else None
+    config = (
+        target.config
+        if target is not None
+        else served_target(cfg.target.path, cfg.target.trust_remote_code).config
+    )
+    info = TargetInfo.from_hf_config(config)  # an image-text model's: its text decoder's
     n_layers = info.num_layers
     aux_layers = aux_layers_for(cfg, n_layers)
     header = {
@@ -166,44 +234,63 @@ def run(cfg: Config) -> dict:
             )
         index = old
     out.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "heldout"):
-        data = dataset[split]
-        lengths = [len(x) for x in data["input_ids"]]
-        shards = plan_shards(lengths, cfg.collect.shard_tokens)
-        done = {s["file"]: s for s in index["splits"].get(split, {}).get("shards", [])}
-        entries = []
+    lengths = {split: [len(x) for x in dataset[split]["input_ids"]] for split in SPLITS}
+    entries: dict[str, dict[int, dict]] = {split: {} for split in SPLITS}  # shard k -> entry
+    pending = []  # (split, k, file name, rows) of shards still to collect, in plan order
+    for split in SPLITS:
         (out / split).mkdir(exist_ok=True)
-        # counted in tokens, not shards: a shard of fp32 forwards on a small CPU takes minutes
-        bar = tqdm(total=sum(lengths), desc=f"collect {split}", unit="tok", unit_scale=True)
-        for k, rows in enumerate(shards):
-            bar.set_postfix_str(f"shard {k + 1}/{len(shards)}")
+        done = {s["file"]: s for s in index["splits"].get(split, {}).get("shards", [])}
+        for k, rows in enumerate(plan_shards(lengths[split], cfg.collect.shard_tokens)):
             name = f"{split}/shard_{k:05d}.safetensors"
             path = out / name
             if name in done and path.exists() and path.stat().st_size == done[name]["size"]:
-                entries.append(done[name])
-                bar.update(done[name]["tokens"])
-                continue
-            tensors = collect_shard(target, data, rows, lengths, aux_layers, cfg, bar)
-            tmp = path.with_suffix(".tmp")
-            # one metadata key: safetensors writes its metadata map in no fixed order, and
-            # resumed shards must be byte-identical
-            meta = {"rows": json.dumps([[i, data[i]["id"]] for i in rows])}
-            save_file(tensors, str(tmp), metadata=meta)
-            os.replace(tmp, path)
-            entries.append(
-                {
-                    "file": name,
-                    "rows": len(rows),
-                    "tokens": int(tensors["offsets"][-1]),
-                    "size": path.stat().st_size,
-                    "sha256": sha256_file(path),
-                }
-            )
-            index["splits"][split] = {"shards": entries, "rows": None, "tokens": None}
-            _write_index(out, index)
-        bar.close()
-        index["splits"][split] = {"shards": entries, "rows": len(lengths), "tokens": sum(lengths)}
+                entries[split][k] = done[name]
+            else:
+                pending.append((split, k, name, rows))
+
+    def record(split: str, k: int, entry: dict) -> None:
+        """Index a finished shard at once: a killed collect resumes after it."""
+        entries[split][k] = entry
+        shards = [entries[split][j] for j in sorted(entries[split])]
+        index["splits"][split] = {"shards": shards, "rows": None, "tokens": None}
         _write_index(out, index)
+
+    # counted in tokens, not shards: a shard of fp32 forwards on a small CPU takes minutes
+    bar = tqdm(total=sum(map(sum, lengths.values())), desc="collect", unit="tok", unit_scale=True)
+    bar.update(sum(e["tokens"] for split in SPLITS for e in entries[split].values()))
+    if workers == 1:
+        for split, k, name, rows in pending:
+            bar.set_postfix_str(f"{name}")
+            data = dataset[split]
+            entry = write_shard(out, name, target, data, rows, lengths[split], aux_layers, cfg, bar)
+            record(split, k, entry)
+    else:
+        spawn = multiprocessing.get_context("spawn")
+        ranks = spawn.Queue()
+        for rank in range(workers):
+            ranks.put(rank)
+        init = (cfg, ranks, aux_layers)
+        with ProcessPoolExecutor(workers, spawn, _start_worker, init) as pool:
+            futures = {
+                pool.submit(_worker_shard, name, split, rows, lengths[split]): (split, k)
+                for split, k, name, rows in pending
+            }
+            try:
+                for future in as_completed(futures):
+                    entry = future.result()
+                    record(*futures[future], entry)
+                    bar.update(entry["tokens"])
+            except BaseException:
+                pool.shutdown(cancel_futures=True)  # the shards not started stay for a rerun
+                raise
+    bar.close()
+    for split in SPLITS:
+        shards = [entries[split][k] for k in sorted(entries[split])]
+        index["splits"][split] = {
+            "shards": shards,
+            "rows": len(lengths[split]),
+            "tokens": sum(lengths[split]),
+        }
     index["complete"] = True
     _write_index(out, index)
     print(f"collect: {sum(s['tokens'] for s in index['splits'].values())} tokens -> {out}")
