@@ -347,3 +347,43 @@ def test_reasoning_given_apart_goes_before_the_answer(tmp_path: Path) -> None:
         "<think>\nTwo and two.\n</think>\n\n4.",
         "<think>\nSum.\n</think>\n\n4.",
     ]
+
+
+def test_tool_rows_from_parquet(tmp_path: Path) -> None:
+    """Arrow gives every turn every column (tool_calls, tool_call_id: None where absent) and a
+    row without tools a None: read as the JSONL rows are."""
+    import datasets
+
+    call = {"id": "c1", "type": "function"}
+    call["function"] = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    rows = [
+        {
+            "id": "tools",
+            "tools": json.dumps([WEATHER]),
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "content": "22C", "tool_call_id": "c1"},
+                {"role": "assistant", "content": "22C."},
+            ],
+        },
+        {"id": "plain", "tools": None, "messages": [{"role": "user", "content": "Hi"}]},
+    ]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "chats.parquet"))
+    convs, report = read_conversations(str(tmp_path / "chats.parquet"))
+    assert report.rows_kept == 2 and [c.tools for c in convs] == [[WEATHER], None]
+    assert convs[0].to_messages()[1:3] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                    "id": "c1",
+                }
+            ],
+        },
+        {"role": "tool", "content": "22C", "tool_call_id": "c1"},
+    ]
+    assert convs[1].to_messages() == [{"role": "user", "content": "Hi"}]
