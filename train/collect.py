@@ -138,7 +138,15 @@ def _collecting_target(cfg: Config, device: str):
 
 
 def write_shard(
-    out: Path, name: str, target, data, rows: list[int], lengths: list[int], aux_layers, cfg, bar
+    out: Path,
+    name: str,
+    target,
+    data,
+    rows: list[int],
+    lengths: list[int],
+    aux_layers: list[int],
+    cfg: Config,
+    bar: tqdm | None,
 ) -> dict:
     """Collect shard `name` (split/shard_k) of `rows` to its file atomically; its index entry."""
     tensors = collect_shard(target, data, rows, lengths, aux_layers, cfg, bar)
@@ -181,6 +189,7 @@ def _start_worker(cfg: Config, ranks, aux_layers: list[int]) -> None:
 
 
 def _worker_shard(name: str, split: str, rows: list[int], lengths: list[int]) -> dict:
+    """A pool task: one shard of `split` written by this worker; its index entry."""
     w = _WORKER
     out = Path(w["cfg"].stage_dir("collect"))
     data = w["dataset"][split]
