@@ -118,6 +118,10 @@ class DataConfig:
     max_len: int = 2048
     # what to do with longer conversations: "truncate" or "drop"
     length_policy: str = "truncate"
+    # only each conversation's last reply under the loss mask (SpecForge's
+    # train_only_last_turn): thinking models' templates show earlier replies without their
+    # reasoning, so only the last is rendered as the model wrote it
+    last_reply_only: bool = False
     # conversations held out (after a seeded shuffle) for validation and eval.benchmark=heldout
     heldout: int = 32
     # let the target answer every user turn itself (self-distillation)

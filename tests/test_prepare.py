@@ -154,6 +154,10 @@ def test_replies_are_found_where_a_template_renders_them_otherwise_later(
     out = ConversationTokenizer(tokenizer)(thought)
     masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
     assert masked == "Hello!<|im_end|>\n<think>\nA farewell.\n</think>\n\nBye.<|im_end|>\n"
+    # data.last_reply_only: the last reply alone, with its reasoning
+    out = ConversationTokenizer(tokenizer, last_reply_only=True)(thought)
+    masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
+    assert masked == "<think>\nA farewell.\n</think>\n\nBye.<|im_end|>\n"
     off = {"enable_thinking": False}
     prompt = ConversationTokenizer(tokenizer, template_kwargs=off).prompt_ids(
         CONV.to_messages()[:1]
@@ -500,11 +504,8 @@ def test_preview_marks_the_learned_tokens_and_names_skips(tmp_path: Path) -> Non
     path = tmp_path / "chats.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = io.StringIO()
-    cfg = compose(
-        [f"runs_dir={tmp_path}/runs", "target=tiny-random-llama", f"data.path={path}"]
-        + ["data.preview=2"]
-    )
-    shown = preview.run(cfg, out)
+    overrides = [f"runs_dir={tmp_path}/runs", "target=tiny-random-llama", f"data.path={path}"]
+    shown = preview.run(compose([*overrides, "data.preview=2"]), out)
     text = out.getvalue()
     assert (
         "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n⟦Hello!<|im_end|>\n⟧" in text
@@ -512,4 +513,6 @@ def test_preview_marks_the_learned_tokens_and_names_skips(tmp_path: Path) -> Non
     assert "== question: skipped: no assistant turn" in text and "unseen" not in text
     # byte tokens, <|im_end|> one: "Hello!" <|im_end|> "\n" "Bye." <|im_end|> "\n"
     assert shown == {"ok": 6 + 2 + 4 + 2, "question": "no assistant turn"}
+    # data.last_reply_only reaches prepare's renderer: "Bye." <|im_end|> "\n" alone
+    assert preview.run(compose([*overrides, "data.last_reply_only=true"]), io.StringIO())["ok"] == 6
     assert not (tmp_path / "runs").exists()

@@ -55,7 +55,12 @@ def conversation_renderer(cfg: Config) -> ConversationTokenizer:
     )
     d = cfg.data
     return ConversationTokenizer(
-        tokenizer, d.template, d.max_len, d.length_policy, cfg.target.chat_template_kwargs
+        tokenizer,
+        d.template,
+        d.max_len,
+        d.length_policy,
+        cfg.target.chat_template_kwargs,
+        d.last_reply_only,
     )
 
 

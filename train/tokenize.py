@@ -55,6 +55,7 @@ class ConversationTokenizer:
         max_len: int = 2048,
         length_policy: str = "truncate",
         template_kwargs: dict | None = None,
+        last_reply_only: bool = False,
     ) -> None:
         if template == "auto" and not getattr(tokenizer, "chat_template", None):
             raise ValueError(
@@ -65,6 +66,9 @@ class ConversationTokenizer:
         self.max_len, self.length_policy = max_len, length_policy
         # variables the template reads besides the messages (target.chat_template_kwargs)
         self.template_kwargs = dict(template_kwargs or {})
+        # learn only each conversation's last reply (data.last_reply_only: in thinking data the
+        # earlier replies are shown without their reasoning, not as the model wrote them)
+        self.last_reply_only = last_reply_only
 
     def render(
         self,
@@ -187,6 +191,8 @@ class ConversationTokenizer:
         if not messages:
             raise TemplateError("no assistant turn after a prompt")
         text, spans = self.assistant_spans(messages, conversation.tools)
+        if self.last_reply_only:
+            spans = spans[-1:]
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
         mask = [0] * len(ids)
