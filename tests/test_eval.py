@@ -208,7 +208,7 @@ def test_chat_template_kwargs_reach_every_rendering(tmp_path: Path, head_dir: Pa
     monkeypatch.setattr(
         prepare,
         "ConversationTokenizer",
-        lambda *a: seen.append(("prepare", a[-1])) or renderer(*a),
+        lambda *a: seen.append(("prepare", a[4])) or renderer(*a),
     )
     kwargs = "+target.chat_template_kwargs.enable_thinking=false"
     bench = _benchmark(tmp_path / "question.jsonl", [("math", "What is 12 times 7?")])
