@@ -10,11 +10,15 @@ import hashlib
 import inspect
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from draftsmith.assets import ASSETS, AssetError, asset_path
 from draftsmith.tiny import TINY_NAME, tiny_target_path
+
+if TYPE_CHECKING:
+    from draftsmith.conf.schema import TargetConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -101,6 +105,12 @@ def load_tokenizer(
     if chat_template is not None:
         tokenizer.chat_template = chat_template_text(chat_template)
     return tokenizer
+
+
+def target_tokenizer(target: TargetConfig):
+    """The tokenizer every stage renders with: `target.path`'s, with `target.chat_template` in
+    place of its own when set (trust_remote_code as the config says)."""
+    return load_tokenizer(target.path, target.trust_remote_code, target.chat_template)
 
 
 def chat_template_digest(value: str | None) -> str | None:

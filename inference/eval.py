@@ -42,9 +42,9 @@ from draftsmith.target import (
     chat_template_digest,
     compile_target,
     load_target,
-    load_tokenizer,
     stop_token_ids,
     target_name,
+    target_tokenizer,
     torch_dtype,
 )
 from draftsmith.tracking import Tracker
@@ -321,9 +321,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
     """Decode conversations shard, shard + workers, ... with every method."""
     if len({cfg.run_name, *cfg.eval.heads}) != 1 + len(cfg.eval.heads):
         raise ValueError(f"eval.heads={cfg.eval.heads}: repeats a run (this run is {cfg.run_name})")
-    tokenizer = load_tokenizer(
-        cfg.target.path, cfg.target.trust_remote_code, cfg.target.chat_template
-    )
+    tokenizer = target_tokenizer(cfg.target)
     template_kwargs = cfg.target.chat_template_kwargs
     # every method decodes with the same (maybe packed) target, so the ratios stay like for like
     target, info, parts, packed = decoding_target(cfg)

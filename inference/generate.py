@@ -37,7 +37,7 @@ from draftsmith.inference.eval import (
     first_divergence,
 )
 from draftsmith.inference.verify import Sampling, generate_kwargs
-from draftsmith.target import load_tokenizer, stop_token_ids
+from draftsmith.target import stop_token_ids, target_tokenizer
 
 
 class TextStream(TextStreamer):
@@ -68,9 +68,7 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
             'generate.prompt is empty: pass generate.prompt="your message" (quoted again '
             "for Hydra if it holds a comma), or generate.prompt=- to read it from stdin"
         )
-    tokenizer = load_tokenizer(
-        cfg.target.path, cfg.target.trust_remote_code, cfg.target.chat_template
-    )
+    tokenizer = target_tokenizer(cfg.target)
     target, info, parts, _ = decoding_target(cfg)
     head, _ = decoding_head(cfg, cfg.resolved_head_path(), info, parts)
     # as eval decodes it: a head drafting through the target's lm_head may be cut to the most

@@ -93,7 +93,9 @@ def test_all_turns_follow_each_methods_own_answers(
         "rate": 0.0,
         "details": [],
     }
-    tokenizer = evaluate.load_tokenizer("tiny-random-llama")
+    from draftsmith.target import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny-random-llama")
     for (first, answer), (second, _) in (seen[:2], seen[2:]):
         text = tokenizer.decode(second)
         assert tokenizer.decode(first) in text  # the first turn's prompt, as it was

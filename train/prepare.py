@@ -21,7 +21,7 @@ from draftsmith.conf.schema import Config
 from draftsmith.conversations import Conversation, read_conversations, skipped_text
 from draftsmith.files import write_text_atomic
 from draftsmith.packed import pack_linears
-from draftsmith.target import chat_template_digest, load_target, load_tokenizer
+from draftsmith.target import chat_template_digest, load_target, target_tokenizer
 from draftsmith.train.regen_server import served_target
 from draftsmith.train.regenerate import regenerate
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
@@ -50,9 +50,7 @@ def tokenize_all(
 
 def conversation_renderer(cfg: Config) -> ConversationTokenizer:
     """The target's tokenizer and chat template as prepare renders conversations with them."""
-    tokenizer = load_tokenizer(
-        cfg.target.path, cfg.target.trust_remote_code, cfg.target.chat_template
-    )
+    tokenizer = target_tokenizer(cfg.target)
     d = cfg.data
     return ConversationTokenizer(
         tokenizer,
