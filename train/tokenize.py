@@ -122,7 +122,8 @@ class ConversationTokenizer:
             if missing:
                 raise TemplateError(
                     f"template does not render tool calls: reply {i} calls {missing[0]!r}, "
-                    "which its rendering leaves out"
+                    "which its rendering leaves out (target.chat_template=<file> can give one "
+                    "that writes them)"
                 )
         return full, spans
 
