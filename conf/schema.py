@@ -298,6 +298,8 @@ class GenerateConfig(SamplingKeys):
     # `draftsmith generate`: the user's message, decoded as the first turn of a new chat ("-":
     # read it from stdin)
     prompt: str = ""
+    # a system message before it (empty: none, so the template's default where it has one)
+    system: str = ""
     max_new_tokens: int = 256
     # (temperature / top_p / top_k: SamplingKeys, as eval's)
     # also decode with the target alone (transformers generate, same sampling): its speed next

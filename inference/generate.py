@@ -76,7 +76,8 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     vocab = draft_vocabulary(cfg, info)  # [Vd] target ids, or None
     decoder = SpecDecoder(target, head, cfg.tree, vocab)
     sampling = Sampling(g.temperature, g.top_p, g.top_k)
-    prompt = chat_prompt(tokenizer, text, None, cfg.target.chat_template_kwargs)
+    system = [{"role": "system", "content": g.system}] if g.system else None
+    prompt = chat_prompt(tokenizer, text, system, cfg.target.chat_template_kwargs)
     stops = stop_token_ids(target, tokenizer)
     ids = torch.tensor([prompt], device=cfg.device)
 
@@ -102,6 +103,7 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     stream.end()
     own_vocab = head.own_vocab_size  # EAGLE-3's; None for a head drafting from the target's
     result = {
+        "prompt": prompt,  # token ids, as the chat template rendered them
         "text": tokenizer.decode(tokens, skip_special_tokens=True),
         "tokens": tokens,
         "seconds": seconds,

@@ -117,3 +117,12 @@ def test_stops_on_every_stop_id_the_checkpoint_lists(head_dir: Path, make_tiny) 
     (folder / "generation_config.json").write_text(json.dumps(ids))
     result = generate.run(compose(cfg), out=io.StringIO())
     assert result["tokens"] == result["vanilla_tokens"] == full[: first + 1]
+
+
+def test_a_system_message_comes_before_the_prompt(head_dir: Path, tiny_tokenizer) -> None:
+    """generate.system is the chat's system turn, ahead of the prompt."""
+    result = generate.run(
+        compose(overrides(head_dir, "generate.system='Answer in French.'")), out=io.StringIO()
+    )
+    prompt = tiny_tokenizer.decode(result["prompt"])
+    assert prompt.startswith("<|im_start|>system\nAnswer in French.<|im_end|>\n<|im_start|>user")
