@@ -94,6 +94,12 @@ CONV = Conversation(
 )
 
 
+def masked_and_not(tokenizer, out) -> tuple[str, str]:
+    """The decoded text a row learns, and the rest."""
+    masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
+    return masked, tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if not m])
+
+
 @pytest.mark.parametrize(
     "template,end",
     [
@@ -107,8 +113,7 @@ def test_loss_mask_is_exactly_the_assistant_text(template, end, tiny_tokenizer) 
     if template is not None:
         tokenizer.chat_template = template
     out = ConversationTokenizer(tokenizer)(CONV)
-    masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
-    unmasked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if not m])
+    masked, unmasked = masked_and_not(tokenizer, out)
     assert masked == f"Hello!{end}Bye.{end}"
     assert "Hi there" in unmasked and "And?" in unmasked and "Hello" not in unmasked
 
@@ -128,7 +133,7 @@ def test_replies_are_found_where_a_template_renders_them_otherwise_later(
     assert not tokenizer.apply_chat_template(CONV.to_messages(), tokenize=False).startswith(first)
     for kwargs in ({}, {"enable_thinking": False}):
         out = ConversationTokenizer(tokenizer, template_kwargs=kwargs)(CONV)
-        masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
+        masked = masked_and_not(tokenizer, out)[0]
         assert masked == "Hello!<|im_end|>\nBye.<|im_end|>\n", kwargs
     # one reply, a stable rendering: with thinking on the model writes the empty think block
     # itself, so the draft learns it too; off, the generation prompt holds it
@@ -138,7 +143,7 @@ def test_replies_are_found_where_a_template_renders_them_otherwise_later(
         ({"enable_thinking": False}, "Hello!"),
     ):
         out = ConversationTokenizer(tokenizer, template_kwargs=kwargs)(one)
-        masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
+        masked = masked_and_not(tokenizer, out)[0]
         assert masked == f"{reply}<|im_end|>\n", kwargs
     # replies with reasoning (thinking-mode regeneration): the history shows the first without
     # it, so its answer alone is learned there; the last keeps its reasoning
@@ -152,11 +157,11 @@ def test_replies_are_found_where_a_template_renders_them_otherwise_later(
         ],
     )
     out = ConversationTokenizer(tokenizer)(thought)
-    masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
+    masked = masked_and_not(tokenizer, out)[0]
     assert masked == "Hello!<|im_end|>\n<think>\nA farewell.\n</think>\n\nBye.<|im_end|>\n"
     # data.last_reply_only: the last reply alone, with its reasoning
     out = ConversationTokenizer(tokenizer, last_reply_only=True)(thought)
-    masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
+    masked = masked_and_not(tokenizer, out)[0]
     assert masked == "<think>\nA farewell.\n</think>\n\nBye.<|im_end|>\n"
     off = {"enable_thinking": False}
     prompt = ConversationTokenizer(tokenizer, template_kwargs=off).prompt_ids(
@@ -192,11 +197,6 @@ def tool_conversation(text: str) -> Conversation:
         ],
         tools=[WEATHER],
     )
-
-
-def masked_and_not(tokenizer, out) -> tuple[str, str]:
-    masked = tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if m])
-    return masked, tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask) if not m])
 
 
 def test_tool_calls_are_learned_as_the_template_writes_them(tiny_tokenizer) -> None:
@@ -249,9 +249,7 @@ def test_bad_rows_are_rejected_with_reasons(tiny_tokenizer) -> None:
     with pytest.raises(ValueError, match="data.template=plain"):
         ConversationTokenizer(tokenizer)
     plain = ConversationTokenizer(tokenizer, template="plain")(CONV)
-    assert tokenizer.decode([t for t, m in zip(plain.input_ids, plain.loss_mask) if m]) == (
-        "Hello!<|im_end|>\nBye.<|im_end|>\n"
-    )
+    assert masked_and_not(tokenizer, plain)[0] == ("Hello!<|im_end|>\nBye.<|im_end|>\n")
 
 
 def test_prepare_without_training_rows_names_the_rows_it_skipped(tmp_path: Path) -> None:
