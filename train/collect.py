@@ -170,7 +170,7 @@ def write_shard(
 _WORKER: dict = {}
 
 
-def _start_worker(cfg: Config, ranks, aux_layers: list[int]) -> None:
+def _start_worker(cfg: Config, ranks, aux_layers: list[int], prepared: str) -> None:
     """Pool initializer: worker r collects on cuda:r (device=cuda), or on its share of the
     CPU's cores."""
     import datasets
@@ -179,11 +179,10 @@ def _start_worker(cfg: Config, ranks, aux_layers: list[int]) -> None:
     device = f"cuda:{rank}" if cfg.device.startswith("cuda") else cfg.device
     if device == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.collect.workers))
-    prepared = Path(cfg.input_dir("prepare")) / "dataset"
     _WORKER.update(
         cfg=cfg,
         target=_collecting_target(cfg, device),
-        dataset=datasets.load_from_disk(str(prepared)),
+        dataset=datasets.load_from_disk(prepared),
         aux_layers=aux_layers,
     )
 
@@ -257,11 +256,13 @@ def run(cfg: Config) -> dict:
             else:
                 pending.append((split, k, name, rows))
 
+    def shards(split: str) -> list[dict]:
+        return [entries[split][k] for k in sorted(entries[split])]  # in plan order
+
     def record(split: str, k: int, entry: dict) -> None:
         """Index a finished shard at once: a killed collect resumes after it."""
         entries[split][k] = entry
-        shards = [entries[split][j] for j in sorted(entries[split])]
-        index["splits"][split] = {"shards": shards, "rows": None, "tokens": None}
+        index["splits"][split] = {"shards": shards(split), "rows": None, "tokens": None}
         _write_index(out, index)
 
     # counted in tokens, not shards: a shard of fp32 forwards on a small CPU takes minutes
@@ -269,7 +270,7 @@ def run(cfg: Config) -> dict:
     bar.update(sum(e["tokens"] for split in SPLITS for e in entries[split].values()))
     if workers == 1:
         for split, k, name, rows in pending:
-            bar.set_postfix_str(f"{name}")
+            bar.set_postfix_str(name)
             data = dataset[split]
             entry = write_shard(out, name, target, data, rows, lengths[split], aux_layers, cfg, bar)
             record(split, k, entry)
@@ -278,7 +279,7 @@ def run(cfg: Config) -> dict:
         ranks = spawn.Queue()
         for rank in range(workers):
             ranks.put(rank)
-        init = (cfg, ranks, aux_layers)
+        init = (cfg, ranks, aux_layers, str(prepared))
         with ProcessPoolExecutor(workers, spawn, _start_worker, init) as pool:
             futures = {
                 pool.submit(_worker_shard, name, split, rows, lengths[split]): (split, k)
@@ -294,9 +295,8 @@ def run(cfg: Config) -> dict:
                 raise
     bar.close()
     for split in SPLITS:
-        shards = [entries[split][k] for k in sorted(entries[split])]
         index["splits"][split] = {
-            "shards": shards,
+            "shards": shards(split),
             "rows": len(lengths[split]),
             "tokens": sum(lengths[split]),
         }
