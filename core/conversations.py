@@ -219,7 +219,7 @@ def _tool_calls(value: Any, turn: int) -> list[dict]:
     return out
 
 
-def _tools(value: Any) -> list[dict] | None:
+def parse_tools(value: Any) -> list[dict] | None:
     """A row's function schemas (`tools`): a list of objects, or JSON text of one."""
     tools = _json_text(value, "invalid tools: not JSON") if value else None
     if tools is not None and not (
@@ -295,7 +295,7 @@ def parse_row(row: Any, index: int) -> Conversation:
         raise RowError("empty conversation")
     category = row.get("category")
     return Conversation(
-        row_id, turns, category if isinstance(category, str) else "", _tools(row.get("tools"))
+        row_id, turns, category if isinstance(category, str) else "", parse_tools(row.get("tools"))
     )
 
 

@@ -1,7 +1,9 @@
-"""Experiment tracking: a local metrics JSONL always, W&B when `tracking=wandb`.
+"""Experiment tracking: a local metrics JSONL always, W&B when `tracking=wandb`, TensorBoard
+event files when `tracking=tensorboard`.
 
 Only rank 0 creates a Tracker. W&B's mode comes from WANDB_MODE (e.g. `offline` in tests and on
-machines without network) or defaults to online; the run files land in the run directory.
+machines without network) or defaults to online; the run files land in the run directory, as
+TensorBoard's do (`<folder>/tensorboard`, for `tensorboard --logdir runs`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ class Tracker:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.metrics = open(self.folder / "metrics.jsonl", "a")
         self.wandb = None
+        self.tensorboard = None
+        if backend == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(log_dir=str(self.folder / "tensorboard"))
+            # the resolved config, as W&B keeps it with the run
+            text = json.dumps(_plain(config), indent=2, default=str)
+            self.tensorboard.add_text("config", f"```\n{text}\n```")
         if backend == "wandb":
             import wandb
 
@@ -36,6 +46,9 @@ class Tracker:
         self.metrics.flush()
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
+        if self.tensorboard is not None:
+            for key, value in metrics.items():
+                self.tensorboard.add_scalar(key, value, step)
 
     def artifact(self, folder: str | Path, name: str, kind: str = "model") -> None:
         if self.wandb is not None:
@@ -49,6 +62,8 @@ class Tracker:
         self.metrics.close()
         if self.wandb is not None:
             self.wandb.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 def _plain(config: Any) -> Any:

@@ -548,8 +548,8 @@ def run(cfg: Config) -> dict:
         out = results_dir(cfg, run_name, TreeSpec(**r["tree"]), r["draft_vocab_size"])
         write_report(r, out)
         write_sweep_summary(out.parent)
-        if cfg.tracking == "wandb":
-            tracker = Tracker(out, "wandb", f"{run_name}-eval-{out.name}", cfg)
+        if cfg.tracking != "none":
+            tracker = Tracker(out, cfg.tracking, f"{run_name}-eval-{out.name}", cfg)
             flat = {
                 "tau": r["tau"],
                 **{f"speedup/{k}": v for k, v in r["speedup"].items()},

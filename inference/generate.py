@@ -12,7 +12,8 @@ head (or `head_path`) drafts with the `tree` settings, on the target exactly as 
 decodes (dtype, packed weights, `eval.draft_vocab_size`). Text is printed as each verification
 step commits it, then the tokens, tau and tokens/s. `generate.compare=true` also decodes with the
 target alone (transformers `generate`, the same sampling) for its speed next to the speculative
-one and, at temperature 0, says whether the two outputs are identical. One prompt is an
+one and, at temperature 0, says whether the two outputs are identical. `generate.system` and
+`generate.tools` (function schemas) go in the prompt as a served request has them. One prompt is an
 illustration, not a benchmark: `draftsmith eval` measures tau and speedups over a benchmark,
 interleaved.
 """
@@ -22,12 +23,14 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TextIO
 
 import torch
 from transformers import TextStreamer
 
 from draftsmith.conf.schema import Config
+from draftsmith.conversations import RowError, parse_tools
 from draftsmith.inference.decoder import DecodeStats, SpecDecoder
 from draftsmith.inference.eval import (
     chat_prompt,
@@ -57,6 +60,17 @@ class TextStream(TextStreamer):
         self.out.flush()
 
 
+def read_tools(value: str) -> list[dict] | None:
+    """`generate.tools`: function schemas from a JSON file, or from the JSON text itself."""
+    if not value:
+        return None
+    text = Path(value).read_text() if Path(value).is_file() else value
+    try:
+        return parse_tools(text)
+    except RowError as error:
+        raise ValueError(f"generate.tools={value!r}: {error} (a JSON file or text)") from None
+
+
 def run(cfg: Config, out: TextIO | None = None) -> dict:
     """Decode `generate.prompt`, stream it to `out` (stdout); returns the text, token ids and
     measures."""
@@ -77,7 +91,15 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     decoder = SpecDecoder(target, head, cfg.tree, vocab)
     sampling = Sampling(g.temperature, g.top_p, g.top_k)
     system = [{"role": "system", "content": g.system}] if g.system else None
-    prompt = chat_prompt(tokenizer, text, system, cfg.target.chat_template_kwargs)
+    tools = read_tools(g.tools)
+    kwargs = cfg.target.chat_template_kwargs
+    prompt = chat_prompt(tokenizer, text, system, kwargs, tools)
+    # a template that leaves the tools out would have the target answer without them, silently
+    if tools and prompt == chat_prompt(tokenizer, text, system, kwargs):
+        raise ValueError(
+            f"generate.tools={g.tools!r}: the chat template does not render tools "
+            "(target.chat_template=<file> can give one that does)"
+        )
     stops = stop_token_ids(target, tokenizer)
     ids = torch.tensor([prompt], device=cfg.device)
 

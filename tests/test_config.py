@@ -182,3 +182,14 @@ def test_deepspeed_half_precision_modes_are_refused() -> None:
             compose([f"+deepspeed.extra.{mode}.enabled=true"])
     cfg = compose(["+deepspeed.extra.communication_data_type=fp32"])
     assert cfg.deepspeed.extra == {"communication_data_type": "fp32"}
+
+
+def test_muon_with_zero_and_clipping_is_refused() -> None:
+    """ZeRO 1-3 clip Muon's orthogonalized update rather than the gradient: refused when the
+    config is built, naming both ways out, each of which composes."""
+    with pytest.raises(ValueError, match="train.optimizer=muon with deepspeed.zero_stage=2.*zero0"):
+        compose(["train.optimizer=muon"])
+    assert compose(["train.optimizer=muon", "deepspeed=zero0"]).deepspeed.zero_stage == 0
+    assert compose(["train.optimizer=muon", "deepspeed=zero3", "train.grad_clip=0"])
+    with pytest.raises(ValueError, match="train.muon_ns_method='cubic' is not one of"):
+        compose(["train.optimizer=muon", "deepspeed=zero0", "train.muon_ns_method=cubic"])

@@ -41,13 +41,13 @@ def _tiny_eval(tmp_path: Path, head_dir: Path, bench: Path, *extra: str) -> list
 
 
 def test_tau_by_category(tmp_path: Path, head_dir: Path) -> None:
+    """Also what `tracking=tensorboard` writes beside the results."""
     rows = [("writing", "Write a poem about rain."), ("math", "What is 12 times 7?")]
     rows.append(("writing", "Describe a sunrise in two sentences."))
     bench = _benchmark(tmp_path / "question.jsonl", rows)
-    cfg = compose(
-        _tiny_eval(tmp_path, head_dir, bench, "eval.max_new_tokens=24", "eval.baselines=[]")
-    )
-    r = evaluate.run(cfg)
+    overrides = _tiny_eval(tmp_path, head_dir, bench, "eval.max_new_tokens=24", "eval.baselines=[]")
+    overrides[overrides.index("tracking=none")] = "tracking=tensorboard"
+    r = evaluate.run(compose(overrides))
     assert [p["category"] for p in r["per_prompt"]] == ["writing", "math", "writing"]
     assert {k: c["prompts"] for k, c in r["by_category"].items()} == {"math": 1, "writing": 2}
     # each category's tau is its prompts' verified tokens over their forwards; together the overall
@@ -63,6 +63,13 @@ def test_tau_by_category(tmp_path: Path, head_dir: Path) -> None:
     out = report.parent
     assert "tau by category: math" in (out / "results.md").read_text()
     assert (out / "tau_by_category.png").stat().st_size > 5_000
+    # tracking=tensorboard: the results' numbers as scalars beside them
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard")).Reload()
+    assert events.Scalars("tau")[0].value == pytest.approx(r["tau"])
+    math = r["by_category"]["math"]["tau"]
+    assert events.Scalars("tau_by_category/math")[0].value == pytest.approx(math)
 
 
 def test_all_turns_follow_each_methods_own_answers(

@@ -126,3 +126,33 @@ def test_a_system_message_comes_before_the_prompt(head_dir: Path, tiny_tokenizer
     )
     prompt = tiny_tokenizer.decode(result["prompt"])
     assert prompt.startswith("<|im_start|>system\nAnswer in French.<|im_end|>\n<|im_start|>user")
+
+
+TOOLS_CHATML = (
+    "{% if tools %}{{ '<|im_start|>system\n<tools>' + (tools | tojson) + '</tools><|im_end|>\n' }}"
+    "{% endif %}{% for m in messages %}"
+    "{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_tools_reach_the_prompt_or_are_refused(
+    head_dir: Path, tiny_tokenizer, tmp_path: Path
+) -> None:
+    """generate.tools (a JSON file or text) is rendered by a template that writes tools; a
+    template that leaves them out, or text that is not a list of schemas, is an error naming it."""
+    import json
+
+    schema = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([schema]))
+    template = tmp_path / "tools.jinja"
+    template.write_text(TOOLS_CHATML)
+    cfg = overrides(head_dir, f"generate.tools={tools}", f"target.chat_template={template}")
+    result = generate.run(compose(cfg), out=io.StringIO())
+    prompt = tiny_tokenizer.decode(result["prompt"])
+    assert prompt.startswith('<|im_start|>system\n<tools>[{"type": "function"')
+    with pytest.raises(ValueError, match="generate.tools=.*does not render tools"):
+        generate.run(compose(overrides(head_dir, f"generate.tools={tools}")), out=io.StringIO())
+    with pytest.raises(ValueError, match="generate.tools=.*not a list of objects"):
+        generate.run(compose([*cfg[:-2], "generate.tools='{\"a\": 1}'"]), out=io.StringIO())

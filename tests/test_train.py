@@ -69,7 +69,9 @@ def test_tiny_head_overfits(run_overrides) -> None:
     assert (out / "training.png").stat().st_size > 10_000
 
 
-def test_resume_continues_the_loss_curve_exactly(run_overrides) -> None:
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_continues_the_loss_curve_exactly(run_overrides, optimizer: str) -> None:
+    """Also for Muon, whose momentum buffers the checkpoint must carry."""
     base = run_overrides[: -len(HEAD)]
     common = [
         *base,
@@ -79,16 +81,60 @@ def test_resume_continues_the_loss_curve_exactly(run_overrides) -> None:
         "train.save_every=4",
         "head=eagle1",
         "head.feature_noise=0.2",
+        f"train.optimizer={optimizer}",
+        "deepspeed=zero0" if optimizer == "muon" else "deepspeed=zero2",
     ]  # noise: the RNG state must be restored
-    whole = loop.run(compose([*common, "run_name=full", "inputs_from=t"]))
-    first = loop.run(compose([*common, "run_name=cut", "inputs_from=t", "train.stop_after=4"]))
-    second = loop.run(compose([*common, "run_name=cut", "inputs_from=t", "resume=true"]))
-    full, cut = losses(runs_dir(run_overrides), "full"), losses(runs_dir(run_overrides), "cut")
+    full, cut = f"full_{optimizer}", f"cut_{optimizer}"
+    whole = loop.run(compose([*common, f"run_name={full}", "inputs_from=t"]))
+    first = loop.run(compose([*common, f"run_name={cut}", "inputs_from=t", "train.stop_after=4"]))
+    second = loop.run(compose([*common, f"run_name={cut}", "inputs_from=t", "resume=true"]))
+    full, cut = losses(runs_dir(run_overrides), full), losses(runs_dir(run_overrides), cut)
     assert sorted(cut) == list(range(1, 9))
     assert [cut[s] for s in range(1, 9)] == [full[s] for s in range(1, 9)]
     # the resumed run carries the first invocation's training seconds (its reported minutes)
     assert whole["seconds_before_resume"] == first["seconds_before_resume"] == 0.0
     assert first["stopped_early"] and second["seconds_before_resume"] > 0.0
+
+
+def test_muon_orthogonalizes_the_matrix_updates(run_overrides) -> None:
+    """train.optimizer=muon: one step moves each of the head's matrices by muon_lr times an
+    orthogonalized update (singular values near 1, times sqrt(rows/cols) when taller than wide),
+    while Adam (at lr 0 here) leaves norms and the lm_head where they were. AdamW's first step
+    is sign-like, with singular values near sqrt(rows) instead. ZeRO 2 without clipping (the
+    config's other way out) orthogonalizes too."""
+    common = [*run_overrides, "inputs_from=t", "train.save_every=1000", "train.log_every=1"]
+    loop.run(compose([*common, "run_name=mu_src", "train.max_steps=3"]))
+    root = Path(runs_dir(run_overrides))
+    src = root / "mu_src" / "train" / "head"
+    step = [
+        *common,
+        "run_name=mu",
+        "train.max_steps=1",
+        "train.warmup_steps=0",
+        "train.lr=0",
+        "train.optimizer=muon",
+        "train.muon_lr=0.01",
+        "deepspeed=zero0",
+        f"train.init_from={src}",
+    ]
+    loop.run(compose(step))
+    loop.run(compose([*step, "run_name=mu2", "deepspeed=zero2", "train.grad_clip=0"]))
+    before = load_file(str(src / "model.safetensors"))
+    after = load_file(str(root / "mu" / "train" / "head" / "model.safetensors"))
+    zero2 = load_file(str(root / "mu2" / "train" / "head" / "model.safetensors"))
+    matrices = [k for k, w in before.items() if w.ndim == 2 and "lm_head" not in k]
+    assert "fc.weight" in matrices and len(matrices) == 8, matrices
+    for key, w in before.items():
+        if key not in matrices:
+            assert torch.equal(after[key], w), key
+            continue
+        rows, cols = w.shape
+        for moved in (after[key], zero2[key]):
+            s = torch.linalg.svdvals((moved - w).double() / 0.01)
+            s = s / max(1.0, (rows / cols) ** 0.5)
+            # Newton-Schulz's quintic brings singular values into ~[0.5, 1.5], not exactly to 1;
+            # the gradient's smallest ones (a 2-row batch) it leaves below
+            assert 0.4 < s[:4].min() and s.max() < 1.6, (key, s)
 
 
 def test_init_from_starts_at_the_given_head(run_overrides) -> None:
@@ -190,8 +236,11 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
-def test_two_ranks_match_one_rank(run_overrides) -> None:
-    common = [*run_overrides, "train.max_steps=3", "deepspeed=zero2", "train.save_every=1000"]
+@pytest.mark.parametrize(
+    "optimizer", [["deepspeed=zero2"], ["deepspeed=zero0", "train.optimizer=muon"]]
+)
+def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str]) -> None:
+    common = [*run_overrides, *optimizer, "train.max_steps=3", "train.save_every=1000"]
     cli = [sys.executable, "-m", "draftsmith.cli", "train"]
     for extra in (
         ["run_name=one", "inputs_from=t", "train.grad_accum=2"],
@@ -248,6 +297,20 @@ def test_wandb_offline_run_files(run_overrides, monkeypatch) -> None:
     data = files[0].read_bytes()
     for key in (b"train/loss", b"train/acc_0", b"heldout/sim_tau", b"tokens_per_second", b"lr"):
         assert key in data
+
+
+def test_tensorboard_event_files(run_overrides) -> None:
+    """tracking=tensorboard writes the metrics JSONL's scalars, step for step, and the config."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    common = [*run_overrides, "inputs_from=t", "tracking=tensorboard", "train.save_every=1000"]
+    loop.run(compose([*common, "run_name=tb", "train.max_steps=2", "train.log_every=1"]))
+    out = Path(runs_dir(run_overrides)) / "tb" / "train"
+    events = EventAccumulator(str(out / "tensorboard")).Reload()
+    for key in ("train/loss", "train/acc_0", "heldout/sim_tau", "tokens_per_second", "lr"):
+        logged = losses(runs_dir(run_overrides), "tb", key)
+        assert {e.step: e.value for e in events.Scalars(key)} == pytest.approx(logged), key
+    assert "config/text_summary" in events.Tags()["tensors"]
 
 
 def test_non_finite_loss_stops_or_skips(run_overrides, monkeypatch) -> None:

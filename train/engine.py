@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -86,19 +87,42 @@ def lr_lambda(cfg: Config, total_steps: int):
 
 
 def build_engine(head: torch.nn.Module, cfg: Config, total_steps: int):
-    """AdamW + warmup/decay schedule wrapped in a DeepSpeed engine."""
+    """The optimizer (`train.optimizer`) + warmup/decay schedule wrapped in a DeepSpeed engine.
+
+    AdamW is built here. Muon is DeepSpeed's own (`"optimizer": {"type": "Muon"}`): it tags
+    every matrix but embeddings and lm_heads for Muon and gives the rest Adam, in one optimizer
+    whose param groups the schedule scales alike."""
     import deepspeed
 
+    t = cfg.train
     params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params,
-        lr=cfg.train.lr,
-        betas=(cfg.train.beta1, cfg.train.beta2),
-        weight_decay=cfg.train.weight_decay,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_steps))
-    engine, _, _, scheduler = deepspeed.initialize(
-        model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config(cfg)
+    config = ds_config(cfg)
+    schedule = lr_lambda(cfg, total_steps)
+    if t.optimizer == "muon":
+        config["optimizer"] = {
+            "type": "Muon",
+            "params": {
+                "muon_lr": t.muon_lr,
+                "adam_lr": t.lr,
+                "betas": [t.beta1, t.beta2],
+                "weight_decay": t.weight_decay,
+                "momentum": t.muon_momentum,
+                "ns_method": t.muon_ns_method,
+            },
+        }
+        optimizer = None  # DeepSpeed builds it, then the schedule over it
+        scheduler = partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=schedule)
+    else:
+        optimizer = torch.optim.AdamW(
+            params, lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    engine, _, _, _ = deepspeed.initialize(
+        model=head,
+        model_parameters=params,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=config,
     )
     return engine
 

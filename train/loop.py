@@ -212,7 +212,7 @@ def run(cfg: Config) -> dict:
         if step % t.log_every == 0 or step == total:
             n = t.log_every if step % t.log_every == 0 else step % t.log_every
             logged = {f"train/{k}": v / n for k, v in window.items() if not k.startswith("count")}
-            logged["lr"] = engine.get_lr()[0]
+            logged["lr"] = engine.get_lr()[0]  # with Muon, its matrices' group
             logged["tokens_per_second"] = tokens / (time.perf_counter() - t0)
             window, tokens, t0 = {}, 0, time.perf_counter()
             loss = logged.get("train/loss", float("nan"))  # nan: every batch was skipped
