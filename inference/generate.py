@@ -61,10 +61,17 @@ class TextStream(TextStreamer):
 
 
 def read_tools(value: str) -> list[dict] | None:
-    """`generate.tools`: function schemas from a JSON file, or from the JSON text itself."""
+    """`generate.tools`: function schemas from the JSON text itself (it opens with `[` or `{`,
+    and is told from a path by that, as target.chat_template's text by its tags: a long text
+    is no valid file name), or from the JSON file it names."""
     if not value:
         return None
-    text = Path(value).read_text() if Path(value).is_file() else value
+    text = value
+    if not value.lstrip().startswith(("[", "{")):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"generate.tools={value!r}: no such file (or JSON text)")
+        text = path.read_text()
     try:
         return parse_tools(text)
     except RowError as error:

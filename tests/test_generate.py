@@ -140,7 +140,8 @@ def test_tools_reach_the_prompt_or_are_refused(
     head_dir: Path, tiny_tokenizer, tmp_path: Path
 ) -> None:
     """generate.tools (a JSON file or text) is rendered by a template that writes tools; a
-    template that leaves them out, or text that is not a list of schemas, is an error naming it."""
+    template that leaves them out, text that is not a list of schemas, or a missing file, is an
+    error naming it."""
     import json
 
     schema = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
@@ -154,5 +155,15 @@ def test_tools_reach_the_prompt_or_are_refused(
     assert prompt.startswith('<|im_start|>system\n<tools>[{"type": "function"')
     with pytest.raises(ValueError, match="generate.tools=.*does not render tools"):
         generate.run(compose(overrides(head_dir, f"generate.tools={tools}")), out=io.StringIO())
+    # the JSON text itself, however long (a path of over 255 bytes is no file name)
+    many = json.dumps([schema] * 8)
+    (tmp_path / "many.json").write_text(many)
+    for value in (f"'{many}'", tmp_path / "many.json"):
+        result = generate.run(
+            compose([*cfg[:-2], f"generate.tools={value}", cfg[-1]]), out=io.StringIO()
+        )
+        assert tiny_tokenizer.decode(result["prompt"]).count("get_weather") == 8
     with pytest.raises(ValueError, match="generate.tools=.*not a list of objects"):
         generate.run(compose([*cfg[:-2], "generate.tools='{\"a\": 1}'"]), out=io.StringIO())
+    with pytest.raises(FileNotFoundError, match="generate.tools='nope.json': no such file"):
+        generate.run(compose([*cfg[:-2], "generate.tools=nope.json"]), out=io.StringIO())
