@@ -99,9 +99,9 @@ def test_resume_continues_the_loss_curve_exactly(run_overrides, optimizer: str) 
 def test_muon_orthogonalizes_the_matrix_updates(run_overrides) -> None:
     """train.optimizer=muon: one step moves each of the head's matrices by muon_lr times an
     orthogonalized update (singular values near 1, times sqrt(rows/cols) when taller than wide),
-    while Adam (at lr 0 here) leaves norms and the lm_head where they were. AdamW's first step
-    is sign-like, with singular values near sqrt(rows) instead. ZeRO 2 without clipping (the
-    config's other way out) orthogonalizes too."""
+    while Adam (at lr 0 here) leaves norms and the lm_head where they were (AdamW built instead
+    moves nothing here, so the test fails). ZeRO 2 without clipping (the config's other way out)
+    orthogonalizes too."""
     common = [*run_overrides, "inputs_from=t", "train.save_every=1000", "train.log_every=1"]
     loop.run(compose([*common, "run_name=mu_src", "train.max_steps=3"]))
     root = Path(runs_dir(run_overrides))
