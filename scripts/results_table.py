@@ -1,15 +1,20 @@
-"""Regenerate the README's results section from measured JSON (never typed by hand).
+"""Regenerate the README's results section and the archive's full tables from measured JSON
+(never typed by hand).
 Usage: python scripts/results_table.py [RUN_DIR ...] [--bench DIR] [--archive results]
                                        [--readme README.md]
 Copies each RUN_DIR's summary.json (data, training budget), training curve, eval/*/results.json
 and eval plots, and the bench folder's results, into the archive (`results/`, committed: run
-folders live on machines that are wiped), then writes the README section from the archive."""
+folders live on machines that are wiped). Then writes every archived eval to
+`results/README.md`, and the README section: the evals `results/headline.json` names (the heads
+the recipe issue compares, trained on the same data and budget) with a plot of them, and a link to
+the rest."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,8 +53,9 @@ class Tables:
         self.by_category |= other.by_category
 
 
-def run_rows(run: Path) -> Tables:
-    """The README rows of one archived run (its summary and every eval under it)."""
+def run_rows(run: Path, only: Collection[str] | None = None) -> Tables:
+    """The table rows of one archived run: its summary and every eval under it, or the evals
+    whose folder `only` names."""
     summary = (
         json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     )
@@ -67,6 +73,8 @@ def run_rows(run: Path) -> Tables:
             + " |"
         )
     for path in sorted(run.glob("eval/*/results.json")):
+        if only is not None and path.parent.name not in only:
+            continue
         r = json.loads(path.read_text())
         t, e, s = r["tree"], r["eval"], r["speedup"]
         # a tagged eval (`eval.tag`, e.g. a later session's decoder on the run's head) is named
@@ -135,6 +143,49 @@ def plot_taus(taus: list[tuple[str, float]], out: Path) -> None:
     plt.close(fig)
 
 
+def taus_by_column(results: list[dict]) -> dict[tuple[str, float], float]:
+    """tau of each eval (results.json contents) by its (benchmark, temperature)."""
+    return {(r["eval"]["benchmark"], float(r["eval"]["temperature"])): r["tau"] for r in results}
+
+
+def plot_headline(evals: dict[str, list[dict]], out: Path) -> None:
+    """The headline evals of each run (`evals`: run name -> results.json contents) side by side:
+    tau by benchmark and temperature, and MT-bench T=0 acceptance by depth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bars, depths) = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(len(evals), 1)
+    for i, (run, results) in enumerate(evals.items()):
+        label = f"{results[0]['head']['name']} ({run})"
+        tau = taus_by_column(results)
+        x = [j + i * width for j in range(len(MATRIX))]
+        bars.bar(x, [tau.get(c, 0.0) for c in MATRIX], width, label=label)
+        for r in results:
+            if (r["eval"]["benchmark"], float(r["eval"]["temperature"])) == MATRIX[0]:
+                acc, speed = r["depth_acceptance"], r["speedup"]
+                if speed:  # decoded beside the baselines
+                    label += f": {speed['vs_vanilla']:.2f}x vanilla"
+                    label += f", {speed['vs_lookup']:.2f}x lookup"
+                depths.plot(range(1, len(acc) + 1), acc, marker="o", label=label)
+                if r["tree"].get("lookup"):  # deeper drafts come from the lookup branch alone
+                    depths.axvline(r["tree"]["depth"] + 0.5, color="grey", lw=0.8, ls=":")
+    bars.set_xticks([j + 0.4 - width / 2 for j in range(len(MATRIX))])
+    bars.set_xticklabels([f"{b}\nT={t:g}" for b, t in MATRIX], fontsize=8)
+    bars.axhline(1.0, color="grey", lw=0.8)  # no speculation accepted
+    bars.set_ylabel("acceptance length tau (tokens per target forward)")
+    bars.legend(fontsize=8)
+    depths.set_xlabel("draft depth (right of the dotted line: the prompt-lookup branch alone)")
+    depths.set_ylabel("P(draft accepted | offered), MT-bench T=0")
+    depths.set_ylim(0, 1)
+    depths.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def archive(src: Path, dest: Path, patterns: tuple[str, ...]) -> None:
     """Copy the files matching `patterns` below `src` to the same places below `dest`."""
     for pattern in patterns:
@@ -142,6 +193,135 @@ def archive(src: Path, dest: Path, patterns: tuple[str, ...]) -> None:
             target = dest / path.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
+
+
+def eval_lines(tables: Tables) -> list[str]:
+    """One row per eval."""
+    return [
+        "| run | head | benchmark | T | dtype | tree | prompts | tau | acceptance by depth | "
+        "spec tok/s | vs vanilla | vs prompt lookup | greedy mismatches |",
+        "|---|---|---|---:|---|---|---:|---:|---|---:|---:|---:|---:|",
+        *tables.evals,
+        "",
+    ]
+
+
+def matrix_lines(tables: Tables) -> list[str]:
+    """tau by benchmark and temperature, one row per run and tree."""
+    return [
+        "The same tau by benchmark and temperature, one row per run and tree:",
+        "",
+        "| run | head | tree | " + " | ".join(f"{b} T{t:g}" for b, t in MATRIX) + " |",
+        "|---|---|---|" + "---:|" * len(MATRIX),
+        *(key + row_cells(cells, MATRIX) for key, cells in tables.matrix.items()),
+        "",
+    ]
+
+
+def category_lines(tables: Tables) -> list[str]:
+    """tau by benchmark category, where the benchmark's rows name one."""
+    if not tables.by_category:
+        return []
+    categories = sorted({name for cells in tables.by_category.values() for name in cells})
+    return [
+        "Tau by benchmark category (where the benchmark's rows name one):",
+        "",
+        "| run | benchmark | T | tree | all | " + " | ".join(categories) + " |",
+        "|---|---|---:|---|---:|" + "---:|" * len(categories),
+        *(label + row_cells(cells, categories) for label, cells in tables.by_category.items()),
+        "",
+    ]
+
+
+def budget_lines(tables: Tables) -> list[str]:
+    """One row per run: data, steps, held-out simulated tau and each stage's minutes."""
+    return [
+        "Training budget:",
+        "",
+        "| run | train tokens | regenerated | steps | held-out simulated tau | prepare min | "
+        "collect min | train min | eval min |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        *tables.budget,
+        "",
+    ]
+
+
+# how every table reads, above both the README's and the archive's
+INTRO = [
+    "Measured on this 2-core CPU (no GPU); every number is read by `scripts/results_table.py`",
+    "from the runs' JSON, archived with their plots in `results/`. Speedups are ratios measured",
+    "interleaved in one process; max_new_tokens 128 unless the run says otherwise. Rows without",
+    "baselines measured tau only (they may have shared the cores with other jobs, so they report",
+    "no speed). `v<N>` after a head: its own draft vocabulary of N tokens (recorded since session",
+    "60); in the tree column: drafting over the N most frequent answer tokens, chosen at eval",
+    "(`eval.draft_vocab_size`). A tagged eval (`eval.tag`) is named `run (tag)`.",
+    "",
+]
+
+
+def write_archive_page(store: Path) -> tuple[int, int]:
+    """results/README.md: every archived eval, tau by category, every training budget, and the
+    plot of every tau; returns (evals, runs)."""
+    runs = sorted((store / "runs").glob("*"))
+    everything = Tables()
+    for run in runs:
+        everything.add(run_rows(run))
+    if everything.taus:
+        plot_taus(everything.taus, store / "tau.png")
+    evals = len(everything.evals)
+    page = [
+        "# Every archived eval",
+        "",
+        f"{evals} evals of {len(runs)} runs; the README shows the headline ones and says what",
+        "they mean, [docs/experiments.md](../docs/experiments.md) how each run was made. "
+        "Generated: do not edit.",
+        "",
+        *INTRO,
+        *eval_lines(everything),
+        "![tau of every eval above](tau.png)",
+        "",
+        *matrix_lines(everything),
+        *category_lines(everything),
+        *budget_lines(everything),
+    ]
+    (store / "README.md").write_text("\n".join(page))  # ends with an empty line: one newline
+    return evals, len(runs)
+
+
+def headline_lines(store: Path) -> list[str]:
+    """The README's tables of the evals headline.json names (run by run, in its order), its
+    text above them, and their plot."""
+    path = store / "headline.json"
+    if not path.exists():
+        raise SystemExit(
+            f"{path}: missing (the README's headline: about, evals {{run: [eval folder, ...]}})"
+        )
+    chosen = json.loads(path.read_text())
+    headline, results = Tables(), {}
+    for name, folders in chosen["evals"].items():
+        headline.add(run_rows(store / "runs" / name, set(folders)))
+        results[name] = [
+            json.loads((store / "runs" / name / "eval" / f / "results.json").read_text())
+            for f in folders
+        ]
+    plot_headline(results, store / "headline.png")
+    return [
+        chosen["about"],
+        "",
+        *eval_lines(headline),
+        "The same tau by benchmark and temperature:",
+        "",
+        "| run | head | " + " | ".join(f"{b} T{t:g}" for b, t in MATRIX) + " |",
+        "|---|---|" + "---:|" * len(MATRIX),
+        *(
+            f"| {name} | {rs[0]['head']['name']} |" + row_cells(taus_by_column(rs), MATRIX)
+            for name, rs in results.items()
+        ),
+        "",
+        *budget_lines(headline),
+        f"![the headline evals side by side]({store.name}/headline.png)",
+        "",
+    ]
 
 
 def main() -> None:
@@ -160,53 +340,14 @@ def main() -> None:
         )
     if args.bench:
         archive(Path(args.bench), store / "bench", ("*/results.json", "*/results.md"))
-    tables = Tables()
-    for run in sorted((store / "runs").glob("*")):
-        tables.add(run_rows(run))
-    categories = sorted({name for cells in tables.by_category.values() for name in cells})
-    if tables.taus:
-        plot_taus(tables.taus, store / "tau.png")
+    evals, runs = write_archive_page(store)
     lines = [
         BEGIN,
         "",
-        "Measured on this 2-core CPU (no GPU); every number below is read by",
-        "`scripts/results_table.py` from the runs' JSON, archived with their plots in `results/`.",
-        "Speedups are ratios measured interleaved in one process; max_new_tokens 128 unless the",
-        "run says otherwise. Rows without baselines measured tau only (they may have shared the",
-        "cores with other jobs, so they report no speed). `v<N>` after a head: its own draft",
-        "vocabulary of N tokens (recorded since session 60); in the tree column: drafting over",
-        "the N most frequent answer tokens, chosen at eval (`eval.draft_vocab_size`).",
-        "",
-        "| run | head | benchmark | T | dtype | tree | prompts | tau | acceptance by depth | "
-        "spec tok/s | vs vanilla | vs prompt lookup | greedy mismatches |",
-        "|---|---|---|---:|---|---|---:|---:|---|---:|---:|---:|---:|",
-        *tables.evals,
-        "",
-        f"![tau of every eval above]({store.name}/tau.png)",
-        "",
-        "The same tau by benchmark and temperature, one row per run and tree:",
-        "",
-        "| run | head | tree | " + " | ".join(f"{b} T{t:g}" for b, t in MATRIX) + " |",
-        "|---|---|---|" + "---:|" * len(MATRIX),
-        *(key + row_cells(cells, MATRIX) for key, cells in tables.matrix.items()),
-        "",
-    ]
-    if tables.by_category:
-        lines += [
-            "Tau by benchmark category (where the benchmark's rows name one):",
-            "",
-            "| run | benchmark | T | tree | all | " + " | ".join(categories) + " |",
-            "|---|---|---:|---|---:|" + "---:|" * len(categories),
-            *(label + row_cells(cells, categories) for label, cells in tables.by_category.items()),
-            "",
-        ]
-    lines += [
-        "Training budget:",
-        "",
-        "| run | train tokens | regenerated | steps | held-out simulated tau | prepare min | "
-        "collect min | train min | eval min |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
-        *tables.budget,
+        *INTRO,
+        *headline_lines(store),
+        f"Every archived eval ({evals} evals of {runs} runs, with tau by MT-bench category and",
+        f"every training budget): [{store.name}/README.md]({store.name}/README.md).",
         "",
     ]
     bench = store / "bench"

@@ -84,16 +84,23 @@ def test_oracle_node_logits_are_the_targets_after_each_path(tiny_target) -> None
 
 
 def test_readme_results_are_the_archive_regenerated(tmp_path: Path) -> None:
-    """The README's results section is exactly what results_table.py writes from `results/`
-    (no number typed by hand), and its tree column names every setting an eval ran with."""
+    """The README's results section and the archive's table of every eval are exactly what
+    results_table.py writes from `results/` (no number typed by hand), and the tree column names
+    every setting an eval ran with."""
     root = SCRIPTS.parent
     store = shutil.copytree(root / "results", tmp_path / "results", ignore=_png)
     readme = tmp_path / "README.md"
     shutil.copy(root / "README.md", readme)
-    before = readme.read_text()
+    before, every = readme.read_text(), (store / "README.md").read_text()
     command = [sys.executable, str(SCRIPTS / "results_table.py"), "--archive", str(store)]
     subprocess.run([*command, "--readme", str(readme)], check=True, capture_output=True)
     assert readme.read_text() == before
+    assert (store / "README.md").read_text() == every
+    # the headline: each head of the recipe comparison once per benchmark and temperature
+    section = before.split("<!-- results:begin -->")[1].split("<!-- results:end -->")[0]
+    for head in ("eagle3", "eagle1", "medusa", "hydra"):
+        assert section.count(f" | {head} | mt-bench | 0.0 | ") == 1, head
+    assert "(results/headline.png)" in section and "(results/README.md)" in section
     # a head's own draft vocabulary follows its name (recorded since session 60)
     for named in (
         "+lookup8 p0.02 |",
@@ -101,14 +108,15 @@ def test_readme_results_are_the_archive_regenerated(tmp_path: Path) -> None:
         "n12 v4096 compiled |",
         "| eagle3 v4096 |",
     ):
-        assert named in before
+        assert named in every
     # q32_wd's budget row: data and features from an earlier run, eval not selected
-    assert "| q32_wd | 316634 | True | 672 | 1.475 | reused | reused | 4.7 | - |" in before
+    assert "| q32_wd | 316634 | True | 672 | 1.475 | reused | reused | 4.7 | - |" in every
 
 
 def test_readme_goals_cite_archived_runs() -> None:
     """The goals table is written by hand, but every run it cites must be in the archive (and so
-    in the generated tables below it), so a number there can be checked against its JSON."""
+    in its generated tables, results/README.md), so a number there can be checked against its
+    JSON."""
     root = SCRIPTS.parent
     readme = (root / "README.md").read_text()
     goals = readme.split("| goal | best measured | run | reached |")[1].split("\n\n")[0]
