@@ -143,9 +143,14 @@ def plot_taus(taus: list[tuple[str, float]], out: Path) -> None:
     plt.close(fig)
 
 
+def column(result: dict) -> tuple[str, float]:
+    """An eval's (benchmark, temperature): its MATRIX column."""
+    return result["eval"]["benchmark"], float(result["eval"]["temperature"])
+
+
 def taus_by_column(results: list[dict]) -> dict[tuple[str, float], float]:
-    """tau of each eval (results.json contents) by its (benchmark, temperature)."""
-    return {(r["eval"]["benchmark"], float(r["eval"]["temperature"])): r["tau"] for r in results}
+    """tau of each eval (results.json contents) by its MATRIX column."""
+    return {column(r): r["tau"] for r in results}
 
 
 def plot_headline(evals: dict[str, list[dict]], out: Path) -> None:
@@ -162,9 +167,9 @@ def plot_headline(evals: dict[str, list[dict]], out: Path) -> None:
         label = f"{results[0]['head']['name']} ({run})"
         tau = taus_by_column(results)
         x = [j + i * width for j in range(len(MATRIX))]
-        bars.bar(x, [tau.get(c, 0.0) for c in MATRIX], width, label=label)
+        bars.bar(x, [tau.get(c, float("nan")) for c in MATRIX], width, label=label)  # nan: no bar
         for r in results:
-            if (r["eval"]["benchmark"], float(r["eval"]["temperature"])) == MATRIX[0]:
+            if column(r) == MATRIX[0]:
                 acc, speed = r["depth_acceptance"], r["speedup"]
                 if speed:  # decoded beside the baselines
                     label += f": {speed['vs_vanilla']:.2f}x vanilla"
