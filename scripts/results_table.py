@@ -44,6 +44,7 @@ class Tables:
     taus: list[tuple[str, float]] = field(default_factory=list)  # (label, tau) for the plot
     matrix: dict[str, dict[tuple, float]] = field(default_factory=dict)  # tau by bench and T
     by_category: dict[str, dict[str, float]] = field(default_factory=dict)  # tau by category
+    results: list[dict] = field(default_factory=list)  # each eval's results.json, row order
 
     def add(self, other: Tables) -> None:
         self.budget += other.budget
@@ -51,6 +52,7 @@ class Tables:
         self.taus += other.taus
         self.matrix |= other.matrix
         self.by_category |= other.by_category
+        self.results += other.results
 
 
 def run_rows(run: Path, only: Collection[str] | None = None) -> Tables:
@@ -76,6 +78,7 @@ def run_rows(run: Path, only: Collection[str] | None = None) -> Tables:
         if only is not None and path.parent.name not in only:
             continue
         r = json.loads(path.read_text())
+        tables.results.append(r)
         t, e, s = r["tree"], r["eval"], r["speedup"]
         # a tagged eval (`eval.tag`, e.g. a later session's decoder on the run's head) is named
         # by its tag too, so it never reads as a second copy of the run's untagged row
@@ -304,11 +307,12 @@ def headline_lines(store: Path) -> list[str]:
     chosen = json.loads(path.read_text())
     headline, results = Tables(), {}
     for name, folders in chosen["evals"].items():
-        headline.add(run_rows(store / "runs" / name, set(folders)))
-        results[name] = [
-            json.loads((store / "runs" / name / "eval" / f / "results.json").read_text())
-            for f in folders
-        ]
+        rows = run_rows(store / "runs" / name, set(folders))
+        missing = [f for f in folders if not (store / "runs" / name / "eval" / f).is_dir()]
+        if missing:  # a typo must not drop a headline row silently
+            raise SystemExit(f"{path}: run {name}: eval folders not archived: {missing}")
+        headline.add(rows)
+        results[name] = rows.results
     plot_headline(results, store / "headline.png")
     return [
         chosen["about"],
