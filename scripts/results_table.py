@@ -41,7 +41,6 @@ class Tables:
 
     budget: list[str] = field(default_factory=list)  # training budget rows
     evals: list[str] = field(default_factory=list)  # one row per eval
-    taus: list[tuple[str, float]] = field(default_factory=list)  # (label, tau) for the plot
     matrix: dict[str, dict[tuple, float]] = field(default_factory=dict)  # tau by bench and T
     by_category: dict[str, dict[str, float]] = field(default_factory=dict)  # tau by category
     results: list[dict] = field(default_factory=list)  # each eval's results.json, row order
@@ -49,7 +48,6 @@ class Tables:
     def add(self, other: Tables) -> None:
         self.budget += other.budget
         self.evals += other.evals
-        self.taus += other.taus
         self.matrix |= other.matrix
         self.by_category |= other.by_category
         self.results += other.results
@@ -115,7 +113,6 @@ def run_rows(run: Path, only: Collection[str] | None = None) -> Tables:
             f"{tok_s} | {speed['vs_vanilla']} | "
             f"{speed['vs_lookup']} | {mism} |"
         )
-        tables.taus.append((f"{name} {e['benchmark']} T{e['temperature']:g} {tree}", r["tau"]))
         key = f"| {name} | {r['head']['name']} | {tree} |"
         tables.matrix.setdefault(key, {})[(e["benchmark"], float(e["temperature"]))] = r["tau"]
         if r.get("by_category"):  # evals since session 35, on benchmarks whose rows name one
@@ -129,20 +126,30 @@ def row_cells(cells: dict, columns: list) -> str:
     return "".join(f" {cells[c]:.2f} |" if c in cells else " - |" for c in columns)
 
 
-def plot_taus(taus: list[tuple[str, float]], out: Path) -> None:
-    """One bar per eval: the acceptance lengths side by side."""
+def plot_taus(results: list[dict], out: Path) -> None:
+    """Every eval's tau as one dot, by benchmark and temperature (the MATRIX columns), each head
+    in its own lane: how far the archive's evals spread, and where each head's best lies (the
+    tables say which eval each dot is)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 0.3 * len(taus) + 1))
-    ax.barh([label for label, _ in taus][::-1], [tau for _, tau in taus][::-1])
-    ax.axvline(1.0, color="grey", lw=0.8)  # no speculation accepted: 1 token per target forward
-    ax.set_xlabel("measured acceptance length tau (tokens per target forward)")
-    ax.tick_params(axis="y", labelsize=7)
+    heads = sorted({r["head"]["name"] for r in results})
+    lane = 0.8 / max(len(heads), 1)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for i, head in enumerate(heads):
+        mine = [r for r in results if r["head"]["name"] == head and column(r) in MATRIX]
+        # spread within the lane by archive order, so a column's dots do not cover each other
+        x = [MATRIX.index(column(r)) + i * lane + lane * (j % 7) / 8 for j, r in enumerate(mine)]
+        ax.scatter(x, [r["tau"] for r in mine], s=12, alpha=0.6, label=f"{head} ({len(mine)})")
+    ax.set_xticks([j + 0.4 - lane / 2 for j in range(len(MATRIX))])
+    ax.set_xticklabels([f"{b}\nT={t:g}" for b, t in MATRIX], fontsize=8)
+    ax.axhline(1.0, color="grey", lw=0.8)  # no speculation accepted: 1 token per target forward
+    ax.set_ylabel("acceptance length tau (tokens per target forward)")
+    ax.legend(fontsize=8, title="head (evals)")
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=110)
     plt.close(fig)
 
 
@@ -274,8 +281,8 @@ def write_archive_page(store: Path) -> tuple[int, int]:
     everything = Tables()
     for run in runs:
         everything.add(run_rows(run))
-    if everything.taus:
-        plot_taus(everything.taus, store / "tau.png")
+    if everything.results:
+        plot_taus(everything.results, store / "tau.png")
     evals = len(everything.evals)
     page = [
         "# Every archived eval",
@@ -286,7 +293,7 @@ def write_archive_page(store: Path) -> tuple[int, int]:
         "",
         *INTRO,
         *eval_lines(everything),
-        "![tau of every eval above](tau.png)",
+        "![tau of every eval above, by benchmark, temperature and head](tau.png)",
         "",
         *matrix_lines(everything),
         *category_lines(everything),
@@ -296,21 +303,29 @@ def write_archive_page(store: Path) -> tuple[int, int]:
     return evals, len(runs)
 
 
-def headline_lines(store: Path) -> list[str]:
-    """The README's tables of the evals headline.json names (run by run, in its order), its
-    text above them, and their plot."""
+def read_headline(store: Path) -> dict[str, list[str]]:
+    """headline.json's evals {run: [eval folder, ...]}, every one checked to be archived before
+    anything is written (a typo must not drop a headline row silently, nor leave the archive page
+    rewritten and the README not)."""
     path = store / "headline.json"
     if not path.exists():
         raise SystemExit(
             f"{path}: missing (the README's headline: about, evals {{run: [eval folder, ...]}})"
         )
     chosen = json.loads(path.read_text())
+    for name, folders in chosen["evals"].items():
+        missing = [f for f in folders if not (store / "runs" / name / "eval" / f).is_dir()]
+        if missing:
+            raise SystemExit(f"{path}: run {name}: eval folders not archived: {missing}")
+    return chosen
+
+
+def headline_lines(store: Path, chosen: dict) -> list[str]:
+    """The README's tables of the evals `chosen` (read_headline) names, run by run in its order,
+    its text above them, and their plot."""
     headline, results = Tables(), {}
     for name, folders in chosen["evals"].items():
         rows = run_rows(store / "runs" / name, set(folders))
-        missing = [f for f in folders if not (store / "runs" / name / "eval" / f).is_dir()]
-        if missing:  # a typo must not drop a headline row silently
-            raise SystemExit(f"{path}: run {name}: eval folders not archived: {missing}")
         headline.add(rows)
         results[name] = rows.results
     plot_headline(results, store / "headline.png")
@@ -349,12 +364,13 @@ def main() -> None:
         )
     if args.bench:
         archive(Path(args.bench), store / "bench", ("*/results.json", "*/results.md"))
+    chosen = read_headline(store)
     evals, runs = write_archive_page(store)
     lines = [
         BEGIN,
         "",
         *INTRO,
-        *headline_lines(store),
+        *headline_lines(store, chosen),
         f"Every archived eval ({evals} evals of {runs} runs, with tau by MT-bench category and",
         f"every training budget): [{store.name}/README.md]({store.name}/README.md).",
         "",

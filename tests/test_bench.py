@@ -113,6 +113,28 @@ def test_readme_results_are_the_archive_regenerated(tmp_path: Path) -> None:
     assert "| q32_wd | 316634 | True | 672 | 1.475 | reused | reused | 4.7 | - |" in every
 
 
+def test_results_table_refuses_a_headline_eval_not_archived(tmp_path: Path) -> None:
+    """A headline.json folder with no archived eval is an error naming it, raised before the
+    archive page or the README is touched."""
+    root = SCRIPTS.parent
+    store = tmp_path / "results"
+    store.mkdir()
+    shutil.copy(root / "results" / "headline.json", store / "headline.json")
+    chosen = json.loads((store / "headline.json").read_text())
+    run = next(iter(chosen["evals"]))  # checked first: archived, one folder named wrong
+    shutil.copytree(root / "results" / "runs" / run, store / "runs" / run, ignore=_png)
+    chosen["evals"][run].append("mt-bench-typo")
+    (store / "headline.json").write_text(json.dumps(chosen))
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
+    command = [sys.executable, str(SCRIPTS / "results_table.py"), "--archive", str(store)]
+    done = subprocess.run([*command, "--readme", str(readme)], capture_output=True, text=True)
+    assert done.returncode != 0
+    assert f"run {run}: eval folders not archived: ['mt-bench-typo']" in done.stderr
+    assert not (store / "README.md").exists()
+    assert readme.read_text() == "<!-- results:begin -->\n<!-- results:end -->\n"
+
+
 def test_readme_goals_cite_archived_runs() -> None:
     """The goals table is written by hand, but every run it cites must be in the archive (and so
     in its generated tables, results/README.md), so a number there can be checked against its
