@@ -303,9 +303,9 @@ def write_archive_page(store: Path) -> tuple[int, int]:
     return evals, len(runs)
 
 
-def read_headline(store: Path) -> dict[str, list[str]]:
-    """headline.json's evals {run: [eval folder, ...]}, every one checked to be archived before
-    anything is written (a typo must not drop a headline row silently, nor leave the archive page
+def read_headline(store: Path) -> dict:
+    """headline.json (about: its text; evals: {run: [eval folder, ...]}), every eval checked to be
+    archived before anything is written (a typo must not drop a headline row silently, nor leave the archive page
     rewritten and the README not)."""
     path = store / "headline.json"
     if not path.exists():
