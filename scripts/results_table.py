@@ -304,9 +304,9 @@ def write_archive_page(store: Path) -> tuple[int, int]:
 
 
 def read_headline(store: Path) -> dict:
-    """headline.json (about: its text; evals: {run: [eval folder, ...]}), every eval checked to be
-    archived before anything is written (a typo must not drop a headline row silently, nor leave the archive page
-    rewritten and the README not)."""
+    """headline.json (about: its text; evals: {run: [eval folder, ...]}), every eval checked to
+    be archived before anything is written (a typo must not drop a headline row silently, nor
+    leave the archive page rewritten and the README not)."""
     path = store / "headline.json"
     if not path.exists():
         raise SystemExit(
