@@ -126,6 +126,17 @@ def row_cells(cells: dict, columns: list) -> str:
     return "".join(f" {cells[c]:.2f} |" if c in cells else " - |" for c in columns)
 
 
+def column(result: dict) -> tuple[str, float]:
+    """An eval's (benchmark, temperature): its MATRIX column."""
+    return result["eval"]["benchmark"], float(result["eval"]["temperature"])
+
+
+def matrix_ticks(ax, width: float) -> None:
+    """Label `ax`'s x axis with the MATRIX columns (column j: lanes of `width` in j .. j + 0.8)."""
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(MATRIX))])
+    ax.set_xticklabels([f"{b}\nT={t:g}" for b, t in MATRIX], fontsize=8)
+
+
 def plot_taus(results: list[dict], out: Path) -> None:
     """Every eval's tau as one dot, by benchmark and temperature (the MATRIX columns), each head
     in its own lane: how far the archive's evals spread, and where each head's best lies (the
@@ -143,19 +154,13 @@ def plot_taus(results: list[dict], out: Path) -> None:
         # spread within the lane by archive order, so a column's dots do not cover each other
         x = [MATRIX.index(column(r)) + i * lane + lane * (j % 7) / 8 for j, r in enumerate(mine)]
         ax.scatter(x, [r["tau"] for r in mine], s=12, alpha=0.6, label=f"{head} ({len(mine)})")
-    ax.set_xticks([j + 0.4 - lane / 2 for j in range(len(MATRIX))])
-    ax.set_xticklabels([f"{b}\nT={t:g}" for b, t in MATRIX], fontsize=8)
+    matrix_ticks(ax, lane)
     ax.axhline(1.0, color="grey", lw=0.8)  # no speculation accepted: 1 token per target forward
     ax.set_ylabel("acceptance length tau (tokens per target forward)")
     ax.legend(fontsize=8, title="head (evals)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
-
-
-def column(result: dict) -> tuple[str, float]:
-    """An eval's (benchmark, temperature): its MATRIX column."""
-    return result["eval"]["benchmark"], float(result["eval"]["temperature"])
 
 
 def taus_by_column(results: list[dict]) -> dict[tuple[str, float], float]:
@@ -187,8 +192,7 @@ def plot_headline(evals: dict[str, list[dict]], out: Path) -> None:
                 depths.plot(range(1, len(acc) + 1), acc, marker="o", label=label)
                 if r["tree"].get("lookup"):  # deeper drafts come from the lookup branch alone
                     depths.axvline(r["tree"]["depth"] + 0.5, color="grey", lw=0.8, ls=":")
-    bars.set_xticks([j + 0.4 - width / 2 for j in range(len(MATRIX))])
-    bars.set_xticklabels([f"{b}\nT={t:g}" for b, t in MATRIX], fontsize=8)
+    matrix_ticks(bars, width)
     bars.axhline(1.0, color="grey", lw=0.8)  # no speculation accepted
     bars.set_ylabel("acceptance length tau (tokens per target forward)")
     bars.legend(fontsize=8)

@@ -126,13 +126,14 @@ def test_results_table_refuses_a_headline_eval_not_archived(tmp_path: Path) -> N
     chosen["evals"][run].append("mt-bench-typo")
     (store / "headline.json").write_text(json.dumps(chosen))
     readme = tmp_path / "README.md"
-    readme.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
+    empty = "<!-- results:begin -->\n<!-- results:end -->\n"
+    readme.write_text(empty)
     command = [sys.executable, str(SCRIPTS / "results_table.py"), "--archive", str(store)]
     done = subprocess.run([*command, "--readme", str(readme)], capture_output=True, text=True)
     assert done.returncode != 0
     assert f"run {run}: eval folders not archived: ['mt-bench-typo']" in done.stderr
     assert not (store / "README.md").exists()
-    assert readme.read_text() == "<!-- results:begin -->\n<!-- results:end -->\n"
+    assert readme.read_text() == empty
 
 
 def test_readme_goals_cite_archived_runs() -> None:
