@@ -9,8 +9,10 @@ are measured, not assumed: after a `context`-token prefix, median over interleav
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
@@ -112,3 +114,38 @@ def adaptive_size(scores: torch.Tensor, costs: torch.Tensor, rate: float) -> int
     objective = gain - rate * costs[:n].to(gain.dtype)
     objective[:chain] = float("-inf")  # fewer nodes than the root and the chain
     return int(objective.argmax()) + 1
+
+
+@dataclass(frozen=True)
+class AdaptiveCut:
+    """One step's `tree.adaptive` cut: the forward's cost by size and the running rate."""
+
+    costs: torch.Tensor  # [N] ms of a forward over 1..N nodes
+    rate: float  # tokens per ms so far: what a node's share of the cost must beat
+
+    def size(self, scores: torch.Tensor) -> int:
+        """How many of a built tree's nodes to verify (`adaptive_size`)."""
+        return adaptive_size(scores, self.costs, self.rate)
+
+    def keeps_none_below(self, drafted: torch.Tensor, top: float, chain: int) -> bool:
+        """Whether the cut keeps no node still to be drafted below a frontier whose best score
+        is `top`, whatever they score, so the tree need not grow further. `drafted` [M]: the
+        finite scores drafted so far (off the chain's path); `chain`: the chain's node count.
+
+        A node to come scores at most `top` and loses ties to those drafted before it, so the
+        nodes drafted so far that score >= `top` rank first: every size that keeps only them and
+        the chain has an objective the new nodes cannot change. A bigger size adds at most
+        exp(`top`) per node over them, so when even that bound cannot reach the best of the
+        smaller sizes, the cut of the grown tree is the cut of this one. The bound works in
+        float64 and asks a margin over `adaptive_size`'s float32 rounding."""
+        costs = self.costs.double()
+        first = 1 + chain + int((drafted >= top).sum())  # sizes <= first: decided already
+        if first >= costs.numel():
+            return True
+        values = drafted.double().exp().sort(descending=True).values[: first - 1 - chain]
+        gain = torch.cat([values.new_zeros(1 + chain), values.cumsum(0)])  # [first]
+        decided = gain - self.rate * costs[:first]
+        decided[:chain] = float("-inf")  # fewer nodes than the root and the chain
+        more = torch.arange(1, costs.numel() - first + 1, dtype=torch.float64)  # nodes past first
+        bound = gain[-1] + more * math.exp(top) - self.rate * costs[first:]
+        return bool(decided.max() >= bound.max() + 1e-4)

@@ -27,7 +27,7 @@ from draftsmith.inference.attention import (
     tree_masks,
 )
 from draftsmith.inference.cache import keep_accepted
-from draftsmith.inference.costs import adaptive_size, clock, tree_forward_costs
+from draftsmith.inference.costs import AdaptiveCut, clock, tree_forward_costs
 from draftsmith.inference.drafter import make_drafter
 from draftsmith.inference.lookup import prompt_lookup
 from draftsmith.inference.tree import (
@@ -142,15 +142,18 @@ class SpecDecoder:
         self, root: int, context: list[int] | None = None, draws: Draws | None = None
     ) -> Tree:
         """The head's tree below `root`; with `spec.lookup`, plus the prompt-lookup continuation
-        of `context` (prompt + output so far, `root` last). `draws`: top-k or sampled children."""
+        of `context` (prompt + output so far, `root` last). `draws`: top-k or sampled children.
+        With `tree.adaptive`, only its nodes worth their cost at the decoder's rate so far."""
         s = self.spec
         chain = prompt_lookup(torch.tensor(context), s.lookup) if s.lookup and context else None
-        if self.static is None:
-            return build_dynamic_tree(
-                self.drafter, root, s.depth, s.top_k, s.total_tokens, chain, draws
-            )
-        tree = self.static.build(self.drafter, root, draws)
-        return tree if chain is None else graft_chain(tree, chain)[0]
+        if self.static is not None:
+            tree = self.static.build(self.drafter, root, draws)
+            return tree if chain is None else graft_chain(tree, chain)[0]
+        cut = None if self.costs is None else AdaptiveCut(self.costs, self.produced / self.spent)
+        tree = build_dynamic_tree(
+            self.drafter, root, s.depth, s.top_k, s.total_tokens, chain, draws, cut
+        )
+        return tree if cut is None else tree.best(cut.size(tree.scores))
 
     def draws(self, sampling: Sampling, generator: torch.Generator | None) -> Draws:
         """How trees pick children for `sampling`: drawn at its temperature (`sample_drafts`
@@ -210,9 +213,6 @@ class SpecDecoder:
                 # the context is copied for the lookup branch only: no per-step work without it
                 context = [*prompt, *generated] if self.spec.lookup else None
                 tree = self.build_tree(root, context, draws)
-                if self.costs is not None:
-                    rate = self.produced / self.spent  # tokens per ms so far
-                    tree = tree.best(adaptive_size(tree.scores, self.costs, rate))
                 t1 = timer()
                 mask = tree_masks(
                     self.windows,

@@ -18,9 +18,12 @@ does a lookup chain follow a drawn node). That is what keeps sampled verificatio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from draftsmith.inference.costs import AdaptiveCut
 
 
 @dataclass
@@ -252,6 +255,7 @@ def build_dynamic_tree(
     total_tokens: int,
     chain: torch.Tensor | None = None,
     draws: Draws | None = None,
+    cut: AdaptiveCut | None = None,
 ) -> Tree:
     """EAGLE-2: grow `depth` levels, expanding the top_k frontier nodes by cumulative log-prob,
     then keep the `total_tokens` best nodes (root included). A child never outscores its parent
@@ -263,6 +267,7 @@ def build_dynamic_tree(
 
     A level is not drafted when none of its nodes could be kept (`_never_kept`): the same tree,
     one head step sooner (the last of three expansions in 26% of the recipe's MT-bench steps).
+    With `tree.adaptive`'s `cut`, also when this step's cut could keep none of them.
 
     With sampled `draws` the chain never follows drawn nodes (whether a draw is kept must not
     depend on which token it drew): its nodes are all extra, deterministic candidates."""
@@ -274,12 +279,13 @@ def build_dynamic_tree(
     )
     frontier = tree.add(torch.zeros(top_k, dtype=torch.long), tokens, scores)
     # the head's nodes that can be kept besides the chain's C (which are kept whatever they score)
-    slots = total_tokens - 1 - (0 if chain is None else chain.numel())
+    chained = 0 if chain is None else chain.numel()
+    slots = total_tokens - 1 - chained
     on_chain = 0  # the deepest node so far whose path from the root is a prefix of the chain
     follow = None if draws.sampled else chain
     for level in range(1, depth):
         on_chain = _follow_chain(tree, on_chain, follow, level)
-        if _never_kept(tree, frontier, on_chain, slots):
+        if _never_kept(tree, frontier, on_chain, slots, cut, chained):
             break  # nothing below this frontier can make the tree: the same tree, drafted sooner
         logprobs = expander.expand(frontier, tree.view())  # [F, Vd]
         tokens, ranks = tree.children(frontier, logprobs, top_k)  # [F, k] each
@@ -306,19 +312,28 @@ def _follow_chain(tree: _Builder, node: int, chain: torch.Tensor | None, level: 
     return int(hit[0]) if hit.numel() else node
 
 
-def _never_kept(tree: _Builder, frontier: torch.Tensor, on_chain: int, slots: int) -> bool:
+def _never_kept(
+    tree: _Builder,
+    frontier: torch.Tensor,
+    on_chain: int,
+    slots: int,
+    cut: AdaptiveCut | None,
+    chain: int,
+) -> bool:
     """Whether no descendant of `frontier` can be among the kept nodes: every frontier node
-    scores at most the `slots`-th best of the nodes off the chain's path (the chain's nodes are
-    kept whatever they score), a child scores at most its parent (log-probs <= 0) and, created
-    later, loses ties. A chain node not drafted is grafted after every node kept with it, in the
-    place drafting it would have taken, so the tree is the same either way."""
+    scores at most the `slots`-th best of the nodes off the chain's path (the chain's `chain`
+    nodes are kept whatever they score), or `cut` keeps none of them; a child scores at most
+    its parent (log-probs <= 0) and, created later, loses ties. A chain node not drafted is
+    grafted after every node kept with it, in the place drafting it would have taken, so the
+    tree is the same either way."""
     if slots <= 0:
         return True
     n = tree.size
     competing = tree.scores[1:n][~tree.ancestors[on_chain, 1:n]]  # [M] off the chain's path
-    if competing.numel() < slots:
-        return False
-    return bool(tree.scores[frontier].max() <= competing.topk(slots).values[-1])
+    top = float(tree.scores[frontier].max())
+    if competing.numel() >= slots and top <= competing.topk(slots).values[-1]:
+        return True
+    return cut is not None and cut.keeps_none_below(competing, top, chain)
 
 
 @dataclass

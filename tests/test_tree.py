@@ -17,7 +17,7 @@ from draftsmith.inference.attention import (
     tree_mask,
 )
 from draftsmith.inference.cache import keep_accepted
-from draftsmith.inference.costs import adaptive_size
+from draftsmith.inference.costs import AdaptiveCut, adaptive_size
 from draftsmith.inference.tree import (
     Draws,
     StaticTree,
@@ -110,6 +110,36 @@ def test_dynamic_tree_skips_only_levels_that_cannot_change_it(monkeypatch) -> No
                 assert torch.equal(getattr(got, field), getattr(expected, field)), (seed, field)
             saved[kind] += reference.expanded - pruned.expanded
     assert saved["no chain"] > 0 and saved["chain"] > 0, saved
+
+
+def test_adaptive_cut_skips_only_levels_it_would_cut(monkeypatch) -> None:
+    """With `tree.adaptive`'s cut the builder also stops drafting when the cut would keep none
+    of the nodes below the frontier: the cut tree must be the cut of the tree drafting every
+    level gives, for forward costs flat, steep and in between, with and without a chain; and
+    it must draft fewer levels than the budget alone allows."""
+    from draftsmith.inference import tree as tree_module
+
+    g = torch.Generator().manual_seed(1)
+    expanded = dict.fromkeys(("full", "budget", "cut"), 0)
+    for seed in range(40):
+        for chain in (None, torch.randint(0, 11, (3,), generator=g)):
+            steps = torch.rand(12, generator=g) * float(torch.rand(1, generator=g)) * 4
+            costs = 20 + steps.cumsum(0)  # [12] ms, never less for more nodes
+            cut = AdaptiveCut(costs, float(torch.rand(1, generator=g)) * 0.1)
+            built = {}
+            for kind in ("full", "budget", "cut"):
+                ex = RandomExpander(seed=seed, scale=3.0)
+                with monkeypatch.context() as m:
+                    if kind == "full":
+                        m.setattr(tree_module, "_never_kept", lambda *args: False)
+                    bound = cut if kind == "cut" else None
+                    tree = build_dynamic_tree(ex, 3, 5, 3, 12, chain, cut=bound)
+                built[kind] = tree.best(cut.size(tree.scores))
+                expanded[kind] += ex.expanded
+            for field in ("tokens", "parents", "depths", "ancestors", "scores"):
+                expected = getattr(built["full"], field)
+                assert torch.equal(getattr(built["cut"], field), expected), (seed, field)
+    assert expanded["cut"] < expanded["budget"] < expanded["full"], expanded
 
 
 def test_dynamic_tree_keeps_best_paths() -> None:
