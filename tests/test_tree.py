@@ -115,14 +115,17 @@ def test_dynamic_tree_skips_only_levels_that_cannot_change_it(monkeypatch) -> No
 def test_adaptive_cut_skips_only_levels_it_would_cut(monkeypatch) -> None:
     """With `tree.adaptive`'s cut the builder also stops drafting when the cut would keep none
     of the nodes below the frontier: the cut tree must be the cut of the tree drafting every
-    level gives, for forward costs flat, steep and in between, with and without a chain; and
-    it must draft fewer levels than the budget alone allows."""
+    level gives, for forward costs flat, steep and in between, with no chain, a chain along
+    drafted nodes and a random one; and it must draft fewer levels than the budget alone
+    allows."""
     from draftsmith.inference import tree as tree_module
 
     g = torch.Generator().manual_seed(1)
     expanded = dict.fromkeys(("full", "budget", "cut"), 0)
     for seed in range(40):
-        for chain in (None, torch.randint(0, 11, (3,), generator=g)):
+        plain = build_dynamic_tree(RandomExpander(seed=seed, scale=3.0), 3, 5, 3, 12)
+        drafted = plain.tokens[plain.ancestors[int(plain.depths.argmax())]][1:4]  # followed
+        for chain in (None, drafted, torch.randint(0, 11, (3,), generator=g)):
             steps = torch.rand(12, generator=g) * float(torch.rand(1, generator=g)) * 4
             costs = 20 + steps.cumsum(0)  # [12] ms, never less for more nodes
             cut = AdaptiveCut(costs, float(torch.rand(1, generator=g)) * 0.1)
