@@ -127,8 +127,11 @@ def row_cells(cells: dict, columns: list) -> str:
 
 
 def column(result: dict) -> tuple[str, float]:
-    """An eval's (benchmark, temperature): its MATRIX column."""
-    return result["eval"]["benchmark"], float(result["eval"]["temperature"])
+    """An eval's (benchmark, temperature): its MATRIX column. The MATRIX reads first turns, as
+    the recipe's goals do: an eval of every turn (`eval.turns=all`) is in none of its columns."""
+    e = result["eval"]
+    benchmark = e["benchmark"] + (" all-turns" if e.get("turns") == "all" else "")
+    return benchmark, float(e["temperature"])
 
 
 def matrix_ticks(ax, width: float) -> None:

@@ -136,6 +136,28 @@ def test_results_table_refuses_a_headline_eval_not_archived(tmp_path: Path) -> N
     assert readme.read_text() == empty
 
 
+def test_tau_columns_hold_first_turn_evals_only(monkeypatch) -> None:
+    """The tau plot and the headline matrix read the MATRIX columns (first turns, as the goals
+    do): r39's eval of every MT-bench turn (tau 3.28) must not land in the MT-bench T=0 column."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_table", SCRIPTS / "results_table.py")
+    table = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "results_table", table)  # its dataclasses look it up
+    spec.loader.exec_module(table)
+    evals = SCRIPTS.parent / "results" / "runs" / "r39" / "eval"
+    first, every = (
+        json.loads(
+            (
+                evals / f"mt-bench-dynamic-d4-k4-n16-lookup8{t}-T0-bfloat16" / "results.json"
+            ).read_text()
+        )
+        for t in ("", "-allturns")
+    )
+    assert table.column(first) == ("mt-bench", 0.0) and table.column(every) not in table.MATRIX
+    assert table.taus_by_column([first, every])[("mt-bench", 0.0)] == first["tau"] < every["tau"]
+
+
 def test_readme_goals_cite_archived_runs() -> None:
     """The goals table is written by hand, but every run it cites must be in the archive (and so
     in its generated tables, results/README.md), so a number there can be checked against its
