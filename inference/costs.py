@@ -96,53 +96,6 @@ def tree_forward_costs(
     return median.flip(0).cummin(0).values.flip(0)
 
 
-class ForwardCosts:
-    """What a tree forward of 1..N nodes costs inside the decode (ms, `current` [N]): the
-    startup measurement, shifted and tilted to the forwards the decoder times. The startup's
-    few rounds run at a fixed context, apart from drafting, and move between runs (session 70,
-    `r67` on a Zen 4: size 6 priced 27.8 / 28.9 ms and size 14 35.9 / 38.0 by two startups,
-    where the decode's own forwards averaged 26.9 / 28.5 and 35.9 / 36.2), and the trees'
-    sizes follow whatever it says.
-
-    The correction a + b x size is the least-squares fit of the observed - prior residuals,
-    recent steps weighing most (each step's weight decays by `decay`), with the slope b held
-    towards 0 by `stiffness` (a ridge, in observations x size^2): forwards of one size shift
-    the whole curve, the sizes the cut never picks moving with the ones it does (a per-size
-    mean would leave them at the prior, and a prior pricing them too high would never be
-    revisited); a tilt needs observations spread over sizes. `calibrate=False` keeps the prior
-    as it is."""
-
-    def __init__(
-        self,
-        prior: torch.Tensor,
-        stiffness: float = 20.0,
-        decay: float = 0.995,
-        calibrate: bool = True,
-    ) -> None:
-        self.prior = prior.double()  # [N]
-        self.sizes = torch.arange(1, prior.numel() + 1, dtype=torch.float64)  # [N]
-        self.stiffness, self.decay, self.calibrate = stiffness, decay, calibrate
-        self.sums = [0.0] * 5  # decayed sums over observations of 1, n, n^2, r, n * r
-        self.observed = 0
-        self.current = prior.float()
-
-    def observe(self, size: int, ms: float) -> None:
-        """One forward over `size` nodes took `ms`."""
-        self.observed += 1
-        if not self.calibrate:
-            return
-        residual = ms - float(self.prior[size - 1])
-        new = (1.0, size, size * size, residual, size * residual)
-        self.sums = [self.decay * s + x for s, x in zip(self.sums, new)]
-        s0, s1, s2, t0, t1 = self.sums
-        s2 += self.stiffness
-        slope = (s0 * t1 - s1 * t0) / (s0 * s2 - s1 * s1)
-        fitted = self.prior + (t0 - slope * s1) / s0 + slope * self.sizes  # [N]
-        # a bigger tree never priced below a smaller one, nor any at 0 or less
-        fitted = fitted.flip(0).cummin(0).values.flip(0).clamp_min(1e-3)
-        self.current = fitted.float()
-
-
 def adaptive_size(scores: torch.Tensor, costs: torch.Tensor, rate: float) -> int:
     """How many of a dynamic tree's nodes (root included) to verify: the n <= len(scores) that
     maximises expected accepted drafts - `rate` (tokens per ms) x `costs`[n - 1] (ms).

@@ -27,7 +27,7 @@ from draftsmith.inference.attention import (
     tree_masks,
 )
 from draftsmith.inference.cache import keep_accepted
-from draftsmith.inference.costs import AdaptiveCut, ForwardCosts, clock, tree_forward_costs
+from draftsmith.inference.costs import AdaptiveCut, clock, tree_forward_costs
 from draftsmith.inference.drafter import make_drafter
 from draftsmith.inference.lookup import prompt_lookup
 from draftsmith.inference.tree import (
@@ -124,7 +124,7 @@ class SpecDecoder:
         # tree.adaptive: ms per forward of 1..total_tokens nodes, and the decoder's running
         # tokens and ms over its steps (the rate a node must beat), starting from one plain
         # forward's worth
-        self.costs: ForwardCosts | None = None
+        self.costs: torch.Tensor | None = None
         self.produced, self.spent = 0.0, 0.0
         if tree.adaptive:
             self.measure_costs()
@@ -134,11 +134,9 @@ class SpecDecoder:
 
     def measure_costs(self) -> None:
         """Time the target's tree forward per size on this machine (`tree.adaptive`); again
-        after anything that changes its speed, such as compiling it. The decode's own forwards
-        refine them (`ForwardCosts`)."""
-        prior = tree_forward_costs(self.target, self.spec.attention, self.spec.total_tokens)
-        self.costs = ForwardCosts(prior)
-        self.produced, self.spent = 1.0, float(prior[0])
+        after anything that changes its speed, such as compiling it."""
+        self.costs = tree_forward_costs(self.target, self.spec.attention, self.spec.total_tokens)
+        self.produced, self.spent = 1.0, float(self.costs[0])
 
     def build_tree(
         self, root: int, context: list[int] | None = None, draws: Draws | None = None
@@ -151,10 +149,7 @@ class SpecDecoder:
         if self.static is not None:
             tree = self.static.build(self.drafter, root, draws)
             return tree if chain is None else graft_chain(tree, chain)[0]
-        if self.costs is None:
-            cut = None
-        else:
-            cut = AdaptiveCut(self.costs.current, self.produced / self.spent)
+        cut = None if self.costs is None else AdaptiveCut(self.costs, self.produced / self.spent)
         tree = build_dynamic_tree(
             self.drafter, root, s.depth, s.top_k, s.total_tokens, chain, draws, cut
         )
@@ -258,7 +253,6 @@ class SpecDecoder:
                 if self.costs is not None:
                     self.produced += len(new)
                     self.spent += (t4 - t0) * 1e3
-                    self.costs.observe(tree.size, (t2 - t1) * 1e3)
                 _count_depths(stats, tree.depth, len(path) - 1)
                 n += len(path)
                 root = bonus

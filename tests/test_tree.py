@@ -17,7 +17,7 @@ from draftsmith.inference.attention import (
     tree_mask,
 )
 from draftsmith.inference.cache import keep_accepted
-from draftsmith.inference.costs import AdaptiveCut, ForwardCosts, adaptive_size
+from draftsmith.inference.costs import AdaptiveCut, adaptive_size
 from draftsmith.inference.tree import (
     Draws,
     StaticTree,
@@ -143,35 +143,6 @@ def test_adaptive_cut_skips_only_levels_it_would_cut(monkeypatch) -> None:
                 expected = getattr(built["full"], field)
                 assert torch.equal(getattr(built["cut"], field), expected), (seed, field)
     assert expanded["cut"] < expanded["budget"] < expanded["full"], expanded
-
-
-def test_forward_costs_follow_the_decodes_forwards() -> None:
-    """The startup prior, shifted and tilted to the forwards the decode times: observed at the
-    two sizes the cut keeps picking, a curve 3 ms cheaper and 0.5 ms per node steeper is learnt
-    at every size (sizes never picked move with them), it stays monotone, later observations
-    outweigh earlier ones, and forwards of one size shift the curve without tilting it."""
-    prior = torch.tensor([20.0, 24, 25, 26, 26, 27, 30, 31, 32, 33, 34, 36])  # [12] ms
-    sizes = torch.arange(1, 13)
-    truth = prior - 3 + 0.5 * sizes  # [12]
-    costs = ForwardCosts(prior)
-    assert torch.equal(costs.current, prior)
-    g = torch.Generator().manual_seed(0)
-    for step in range(2000):
-        size = (6, 9)[step % 2]
-        costs.observe(size, float(truth[size - 1]) + float(torch.randn(1, generator=g)) * 0.5)
-    assert costs.observed == 2000
-    assert (costs.current - truth).abs().max() < 0.5, costs.current - truth
-    assert bool((costs.current.diff() >= 0).all())
-    for _ in range(2000):  # the machine slows by 4 ms a forward
-        costs.observe(6, float(truth[5]) + 4)
-    assert abs(float(costs.current[5]) - float(truth[5]) - 4) < 0.2
-    shifted = ForwardCosts(prior)  # forwards of one size: the whole curve moves with them
-    for _ in range(50):
-        shifted.observe(6, float(prior[5]) - 2)
-    assert (shifted.current - (prior - 2)).abs().max() < 1e-3
-    frozen = ForwardCosts(prior, calibrate=False)
-    frozen.observe(6, 1000.0)
-    assert torch.equal(frozen.current, prior) and frozen.observed == 1
 
 
 def test_dynamic_tree_keeps_best_paths() -> None:
