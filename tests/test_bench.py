@@ -146,13 +146,9 @@ def test_tau_columns_hold_first_turn_evals_only(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "results_table", table)  # its dataclasses look it up
     spec.loader.exec_module(table)
     evals = SCRIPTS.parent / "results" / "runs" / "r39" / "eval"
+    tag = "mt-bench-dynamic-d4-k4-n16-lookup8{}-T0-bfloat16"
     first, every = (
-        json.loads(
-            (
-                evals / f"mt-bench-dynamic-d4-k4-n16-lookup8{t}-T0-bfloat16" / "results.json"
-            ).read_text()
-        )
-        for t in ("", "-allturns")
+        json.loads((evals / tag.format(t) / "results.json").read_text()) for t in ("", "-allturns")
     )
     assert table.column(first) == ("mt-bench", 0.0) and table.column(every) not in table.MATRIX
     assert table.taus_by_column([first, every])[("mt-bench", 0.0)] == first["tau"] < every["tau"]
