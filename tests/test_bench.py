@@ -3,11 +3,13 @@ that they measure every method and write their JSON)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -46,11 +48,9 @@ def test_bench_oracle_reads_tau_ceilings_off_the_target(tmp_path: Path) -> None:
     assert tau[1] == 1.0 and 1.0 < tau[4] <= tau[10] < 4.0, tau
 
 
-def test_oracle_node_logits_are_the_targets_after_each_path(tiny_target) -> None:
+def test_oracle_node_logits_are_the_targets_after_each_path(tiny_target, monkeypatch) -> None:
     """The oracle's tree forward (cached context, tree mask, depth positions) gives every node
     the logits a plain forward over context + the node's path gives."""
-    import importlib.util
-
     import torch
     from transformers import DynamicCache
 
@@ -59,9 +59,7 @@ def test_oracle_node_logits_are_the_targets_after_each_path(tiny_target) -> None
     from draftsmith.inference.verify import Sampling
     from draftsmith.target import cache_kwarg
 
-    spec = importlib.util.spec_from_file_location("bench_oracle", SCRIPTS / "bench_oracle.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _script("bench_oracle", monkeypatch)
     context = torch.randint(0, tiny_target.config.vocab_size, (1, 9))  # [1, 9], root last
     cache = DynamicCache(config=tiny_target.config)
     with torch.no_grad():
@@ -139,12 +137,7 @@ def test_results_table_refuses_a_headline_eval_not_archived(tmp_path: Path) -> N
 def test_tau_columns_hold_first_turn_evals_only(monkeypatch) -> None:
     """The tau plot and the headline matrix read the MATRIX columns (first turns, as the goals
     do): r39's eval of every MT-bench turn (tau 3.28) must not land in the MT-bench T=0 column."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("results_table", SCRIPTS / "results_table.py")
-    table = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "results_table", table)  # its dataclasses look it up
-    spec.loader.exec_module(table)
+    table = _script("results_table", monkeypatch)
     evals = SCRIPTS.parent / "results" / "runs" / "r39" / "eval"
     tag = "mt-bench-dynamic-d4-k4-n16-lookup8{}-T0-bfloat16"
     first, every = (
@@ -164,6 +157,16 @@ def test_readme_goals_cite_archived_runs() -> None:
     cited = {name for row in goals.splitlines()[1:] for name in row.split("|")[3].split("`")[1::2]}
     assert {"r31_packed", "quick_s31"} <= cited
     assert not {name for name in cited if not (root / "results" / "runs" / name).is_dir()}
+
+
+def _script(name: str, monkeypatch) -> ModuleType:
+    """scripts/<name>.py as a module, registered while the test runs (dataclasses look their
+    module up)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _png(folder: str, names: list[str]) -> list[str]:
