@@ -15,7 +15,8 @@ assistant turns with `tool_calls` (OpenAI's `{type, function: {name, arguments}}
 JSON text or an object; ShareGPT's `function_call` turns, whose value is the call) and tool
 results (roles `tool`, `function`, `ipython`, `observation`); xLAM rows (`query`, `tools`,
 `answers`: the calls) are a user turn and a reply of calls. A reply's reasoning given apart
-(`reasoning_content` or `reasoning`) is put in front of its text in a `<think>` block.
+(`reasoning_content`, `reasoning` or gpt-oss's `thinking`) is put in front of its text in a
+`<think>` block; a template that reads it from a field gets it back there (train/tokenize.py).
 """
 
 from __future__ import annotations
@@ -49,6 +50,21 @@ ROLE_ALIASES = {
     # LLaMA-Factory's ShareGPT: an assistant turn whose value is the call (JSON)
     "function_call": "assistant",
 }
+
+
+def fold_reasoning(reasoning: str, answer: str) -> str:
+    """A reply's text with its reasoning in a `<think>` block before the answer."""
+    return f"<think>\n{reasoning.strip()}\n</think>\n\n{answer.lstrip()}"
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """(reasoning, answer) of a reply's text: `fold_reasoning` undone; (None, text) when the
+    text opens with no `<think>` block."""
+    head = text.lstrip()
+    if not head.startswith("<think>") or "</think>" not in head:
+        return None, text
+    thought, answer = head[len("<think>") :].split("</think>", 1)
+    return thought.strip(), answer.lstrip()
 
 
 @dataclass
@@ -174,11 +190,11 @@ def _turns_from(items: Any, role_key: str, content_key: str) -> list[Turn]:
             raise RowError(
                 f"non-string content: turn {i} {content_key} is {type(content).__name__}"
             )
-        reasoning = item.get("reasoning_content") or item.get("reasoning")
+        reasoning = item.get("reasoning_content") or item.get("reasoning") or item.get("thinking")
         if role == "assistant" and isinstance(reasoning, str) and "</think>" not in content:
             # reasoning given apart (vLLM's and SGLang's reasoning parsers write it so) goes in
             # front of the answer as thinking models write it, and their templates read it back
-            content = f"<think>\n{reasoning.strip()}\n</think>\n\n{content.lstrip()}"
+            content = fold_reasoning(reasoning, content)
         turn = Turn(role, content)
         if calls is not None:
             if role != "assistant":

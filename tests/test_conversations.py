@@ -329,13 +329,15 @@ def test_tool_use_rows(tmp_path: Path) -> None:
 
 
 def test_reasoning_given_apart_goes_before_the_answer(tmp_path: Path) -> None:
-    """A reply's `reasoning_content` (or `reasoning`) becomes the `<think>` block thinking
-    models write before their answer; reasoning already in the text is left as it is."""
+    """A reply's `reasoning_content` (or `reasoning`, or gpt-oss's `thinking`) becomes the
+    `<think>` block thinking models write before their answer; reasoning already in the text is
+    left as it is."""
     rows = [
         {"messages": [{"role": "user", "content": "2+2?"}, reply]}
         for reply in (
             {"role": "assistant", "content": "4.", "reasoning_content": "\nTwo and two.\n"},
             {"role": "assistant", "content": "4.", "reasoning": "Two and two."},
+            {"role": "assistant", "content": "4.", "thinking": "Two and two."},
             {"role": "assistant", "content": "<think>\nSum.\n</think>\n\n4.", "reasoning": "x"},
         )
     ]
@@ -343,8 +345,7 @@ def test_reasoning_given_apart_goes_before_the_answer(tmp_path: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     convs, _ = read_conversations(str(path))
     assert [c.turns[1].content for c in convs] == [
-        "<think>\nTwo and two.\n</think>\n\n4.",
-        "<think>\nTwo and two.\n</think>\n\n4.",
+        *["<think>\nTwo and two.\n</think>\n\n4."] * 3,
         "<think>\nSum.\n</think>\n\n4.",
     ]
 

@@ -44,10 +44,10 @@ TOOL_CALLS = (
     "{%- endfor %}"
 )
 QWEN3 = (
-    TOOL_SCHEMAS + "{%- set ns = namespace(last_query_index=messages|length - 1) %}"
+    TOOL_SCHEMAS + "{%- set ns = namespace(found=false, last_query_index=messages|length - 1) %}"
     "{%- for m in messages[::-1] %}{%- set index = (messages|length - 1) - loop.index0 %}"
-    "{%- if m.role == 'user' and ns.last_query_index == messages|length - 1 %}"
-    "{%- set ns.last_query_index = index %}{%- endif %}{%- endfor %}"
+    "{%- if m.role == 'user' and not ns.found %}"
+    "{%- set ns.found = true %}{%- set ns.last_query_index = index %}{%- endif %}{%- endfor %}"
     "{%- for m in messages %}"
     "{%- if m.role == 'user' %}{{- '<|im_start|>user\n' + m.content + '<|im_end|>\n' }}"
     "{%- elif m.role == 'tool' %}"
@@ -122,7 +122,8 @@ def test_replies_are_found_where_a_template_renders_them_otherwise_later(
     tiny_tokenizer,
 ) -> None:
     """Qwen3's template renders a reply otherwise once a user turn follows it: the mask is
-    still exactly each reply and its end-of-turn marker; `template_kwargs` (from
+    still exactly each reply and its end-of-turn marker, the last reply's as the model writes
+    it (with the think block thinking mode opens it with); `template_kwargs` (from
     target.chat_template_kwargs) reach every rendering, prompts included."""
     from draftsmith.inference.eval import chat_prompt
 
@@ -131,10 +132,10 @@ def test_replies_are_found_where_a_template_renders_them_otherwise_later(
     # the template is not prefix-stable: the first reply lost its think block in the whole
     first = tokenizer.apply_chat_template(CONV.to_messages()[:2], tokenize=False)
     assert not tokenizer.apply_chat_template(CONV.to_messages(), tokenize=False).startswith(first)
-    for kwargs in ({}, {"enable_thinking": False}):
+    for kwargs, think in (({}, "<think>\n\n</think>\n\n"), ({"enable_thinking": False}, "")):
         out = ConversationTokenizer(tokenizer, template_kwargs=kwargs)(CONV)
         masked = masked_and_not(tokenizer, out)[0]
-        assert masked == "Hello!<|im_end|>\nBye.<|im_end|>\n", kwargs
+        assert masked == f"Hello!<|im_end|>\n{think}Bye.<|im_end|>\n", kwargs
     # one reply, a stable rendering: with thinking on the model writes the empty think block
     # itself, so the draft learns it too; off, the generation prompt holds it
     one = Conversation("c", CONV.turns[:2])
@@ -210,13 +211,14 @@ def test_tool_calls_are_learned_as_the_template_writes_them(tiny_tokenizer) -> N
     calls = "\n".join(
         f"<tool_call>\n{json.dumps(c['function'])}\n</tool_call>" for c in (PARIS, ROME)
     )
-    rest = "<|im_end|>\nParis 22C, Rome 25C.<|im_end|>\nYou are welcome.<|im_end|>\n"
-    for template in (QWEN25, QWEN3):
+    rest = "<|im_end|>\nParis 22C, Rome 25C.<|im_end|>\n{}You are welcome.<|im_end|>\n"
+    # Qwen3 gives the reply after the last user turn the think block its model writes
+    for template, think in ((QWEN25, ""), (QWEN3, "<think>\n\n</think>\n\n")):
         tokenizer.chat_template = template
         for text, reply in (("", calls), ("Let me check.", f"Let me check.\n{calls}")):
             out = ConversationTokenizer(tokenizer)(tool_conversation(text))
             masked, unmasked = masked_and_not(tokenizer, out)
-            assert masked == reply + rest, (template == QWEN3, text)
+            assert masked == reply + rest.format(think), (template == QWEN3, text)
             assert f"<tools>{json.dumps([WEATHER])}</tools>" in unmasked
             assert "22C" in unmasked and "25C" in unmasked
     # eval renders a benchmark row's prompts with its tools as prepare does
@@ -230,6 +232,104 @@ def test_tool_calls_are_learned_as_the_template_writes_them(tiny_tokenizer) -> N
     masked, unmasked = masked_and_not(tokenizer, out)
     assert masked.startswith(f"\nCall: {json.dumps(PARIS['function'])}\nCall: ")
     assert unmasked.startswith(f"Tools: {json.dumps([WEATHER])}")
+
+
+# gpt-oss's harmony format, as its template writes replies (cut to the roles used here): the
+# reasoning comes from a `thinking` field, in an analysis channel, for the last reply only; a
+# reply ends with <|return|> as the model writes it, with <|end|> once the history holds it
+HARMONY = (
+    "{%- for m in messages %}{%- if m.role == 'user' %}"
+    "{{- '<|start|>user<|message|>' + m.content + '<|end|>' }}"
+    "{%- elif loop.last and not add_generation_prompt %}{%- if 'thinking' in m %}"
+    "{{- '<|start|>assistant<|channel|>analysis<|message|>' + m.thinking + '<|end|>' }}"
+    "{%- endif %}{{- '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|return|>' }}"
+    "{%- else %}{{- '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|end|>' }}"
+    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|start|>assistant' }}"
+    "{%- endif %}"
+)
+HARMONY_TOKENS = ["<|start|>", "<|message|>", "<|channel|>", "<|end|>", "<|return|>"]
+
+
+def harmony_tokenizer(tiny_tokenizer):
+    tokenizer = load_tokenizer(tiny_tokenizer.name_or_path)
+    tokenizer.add_tokens(HARMONY_TOKENS, special_tokens=True)
+    tokenizer.chat_template = HARMONY
+    return tokenizer
+
+
+def test_reasoning_reaches_a_template_that_reads_it_from_a_field(tiny_tokenizer) -> None:
+    """gpt-oss's template reads a reply's reasoning from `thinking`: the `<think>` block a
+    conversation holds is given there, so the last reply is learned as the model writes it,
+    analysis channel and all; an earlier one, which the history shows without its reasoning,
+    by its answer. Templates that read no such field keep the block in the text."""
+    from draftsmith.conversations import parse_row
+
+    tokenizer = harmony_tokenizer(tiny_tokenizer)
+    row = {
+        "messages": [
+            {"role": "user", "content": "Hi there"},
+            {"role": "assistant", "content": "Hello!", "thinking": "A greeting."},
+            {"role": "user", "content": "And?"},
+            {"role": "assistant", "content": "Bye.", "reasoning_content": "A farewell."},
+        ]
+    }
+    conversation = parse_row(row, 0)
+    assert conversation.turns[3].content == "<think>\nA farewell.\n</think>\n\nBye."
+    renderer = ConversationTokenizer(tokenizer)
+    assert renderer.reads_thinking
+    masked, unmasked = masked_and_not(tokenizer, renderer(conversation))
+    last = "<|channel|>analysis<|message|>A farewell.<|end|><|start|>assistant"
+    assert masked == f"Hello!{last}<|channel|>final<|message|>Bye.<|return|>"
+    assert "<think>" not in unmasked and "A greeting" not in unmasked
+    assert not ConversationTokenizer(tiny_tokenizer).reads_thinking  # ChatML
+    qwen3 = load_tokenizer(tiny_tokenizer.name_or_path)
+    qwen3.chat_template = QWEN3  # its `enable_thinking` is no field
+    assert not ConversationTokenizer(qwen3).reads_thinking
+
+
+def test_generated_reasoning_is_read_back_as_the_model_wrote_it(
+    tiny_target, tiny_tokenizer, monkeypatch
+) -> None:
+    """A reply the target generates in harmony format (reasoning in an analysis channel, the
+    answer in a final one, in special tokens) becomes a `<think>` block and the answer, which
+    render back to the very tokens generated: from in-process engines and from servers, which
+    are asked to keep the special tokens. A reply cut off mid-reasoning keeps its reasoning."""
+    from test_regen_server import StandIn
+
+    from draftsmith.conf.schema import RegenConfig
+    from draftsmith.train import regenerate
+
+    tokenizer = harmony_tokenizer(tiny_tokenizer)
+    renderer = ConversationTokenizer(tokenizer)
+    analysis = "<|channel|>analysis<|message|>Two and two.<|end|>"
+    final = "<|start|>assistant<|channel|>final<|message|>4."
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    for generated, text in (
+        (analysis + final, "<think>\nTwo and two.\n</think>\n\n4."),
+        ("<|channel|>final<|message|>4.", "4."),
+        ("<|channel|>analysis<|message|>Two and", "<think>\nTwo and\n</think>\n\n"),
+    ):
+        assert renderer.reply_text(encode(generated)) == text, generated
+    ids = encode(analysis + final)
+    reply = renderer.reply_text(ids)
+    asked = Conversation("c", [Turn("user", "2+2?"), Turn("assistant", reply)])
+    out = renderer(asked)
+    learned = [t for t, m in zip(out.input_ids, out.loss_mask) if m]
+    assert learned == [*ids, *encode("<|return|>")]  # the stop token the model ends with
+    # the regeneration engines
+    prompts = [encode("<|start|>user<|message|>2+2?<|end|><|start|>assistant")] * 2
+    monkeypatch.setattr(regenerate, "generate_answers", lambda *args: [ids] * len(args[2]))
+    texts, _ = regenerate.answer_texts(tiny_target, renderer, prompts, RegenConfig())
+    assert texts == [reply] * 2
+    server = StandIn(tiny_target, tokenizer)
+    server.generate = lambda target, tokenizer, batch, cfg: [ids] * len(batch)
+    try:
+        served = RegenConfig(engine="server", servers=[server.url])
+        texts, _ = regenerate.answer_texts(tiny_target, renderer, prompts, served)
+    finally:
+        server.close()
+    assert texts == [reply] * 2
+    assert all(r["skip_special_tokens"] is False for r in server.requests)
 
 
 def test_bad_rows_are_rejected_with_reasons(tiny_tokenizer) -> None:
@@ -467,9 +567,9 @@ def test_regeneration_answers_tool_conversations_up_to_their_first_result(
     prompts: list[str] = []
     real = regen.answer_texts
 
-    def recording(target, tokenizer, batch, *args):
-        prompts.extend(tokenizer.decode(p) for p in batch)
-        return real(target, tokenizer, batch, *args)
+    def recording(target, renderer, batch, *args):
+        prompts.extend(renderer.tokenizer.decode(p) for p in batch)
+        return real(target, renderer, batch, *args)
 
     monkeypatch.setattr(regen, "answer_texts", recording)
     renderer = ConversationTokenizer(tokenizer)

@@ -37,6 +37,7 @@ class StandIn:
         self.usage = usage  # False: `usage: null` in replies, as some servers send
         self.requests: list[dict] = []
         self.fail_after: int | None = None
+        self.generate = generate_answers  # a test may give the target's answers itself
         self.lock = threading.Lock()
         server = self
 
@@ -80,9 +81,10 @@ class StandIn:
                 "top_k": max(body["top_k"], 0),
             }
             cfg = RegenConfig(engine="generate", batch_size=len(prompts), **sampling)
-            answers = generate_answers(self.target, self.tokenizer, prompts, cfg)
+            answers = self.generate(self.target, self.tokenizer, prompts, cfg)
+        skip = body["skip_special_tokens"]
         choices = [
-            {"index": i, "text": self.tokenizer.decode(a, skip_special_tokens=True)}
+            {"index": i, "text": self.tokenizer.decode(a, skip_special_tokens=skip)}
             for i, a in enumerate(answers)
         ]
         # in reverse: a client must order the answers by index, not by arrival

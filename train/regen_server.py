@@ -101,8 +101,9 @@ _READY: dict[tuple[str, str | None], str] = {}
 
 
 class ServerClient:
-    def __init__(self, cfg: RegenConfig, stop_ids: list[int]) -> None:
+    def __init__(self, cfg: RegenConfig, stop_ids: list[int], special_tokens: bool = False) -> None:
         self.cfg, self.stop_ids = cfg, stop_ids
+        self.special_tokens = special_tokens  # answers keep them (gpt-oss's reasoning format)
         self.servers = [s.rstrip("/") for s in cfg.servers]
 
     def _model(self, server: str) -> str:
@@ -142,7 +143,7 @@ class ServerClient:
             "presence_penalty": 0.0,
             "frequency_penalty": 0.0,
             "stop_token_ids": self.stop_ids,
-            "skip_special_tokens": True,
+            "skip_special_tokens": not self.special_tokens,
         }
 
     def _post(self, server: str, payload: dict) -> dict:

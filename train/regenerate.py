@@ -157,15 +157,23 @@ def generate_answers(
 
 
 def answer_texts(
-    target, tokenizer, prompts: list[list[int]], cfg: RegenConfig, progress: tqdm | None = None
+    target,
+    renderer: ConversationTokenizer,
+    prompts: list[list[int]],
+    cfg: RegenConfig,
+    progress: tqdm | None = None,
 ) -> tuple[list[str | ServerError], int]:
-    """Every prompt's answer as text (or the error a server refused it with) and the new
-    tokens, from the engine `cfg` names."""
+    """Every prompt's answer as a message's text (or the error a server refused it with) and
+    the new tokens, from the engine `cfg` names."""
+    tokenizer = renderer.tokenizer
     if cfg.engine == "server":
-        return ServerClient(cfg, stop_token_ids(target, tokenizer)).answers(prompts, progress)
+        # with their special tokens where the template's format writes reasoning in them
+        client = ServerClient(cfg, stop_token_ids(target, tokenizer), renderer.reads_thinking)
+        answers, produced = client.answers(prompts, progress)
+        read = renderer.read_reply
+        return [a if isinstance(a, ServerError) else read(a) for a in answers], produced
     answers = generate_answers(target, tokenizer, prompts, cfg, progress)
-    texts = [tokenizer.decode(answer, skip_special_tokens=True) for answer in answers]
-    return texts, sum(map(len, answers))
+    return [renderer.reply_text(answer) for answer in answers], sum(map(len, answers))
 
 
 def _first_stop(row: list[int], stops: set[int]) -> int:
@@ -221,7 +229,7 @@ def regenerate_chunk(
                 continue
             pending.append((i, prompt))
         pending.sort(key=lambda item: len(item[1]))  # length buckets: little padding per batch
-        answers, tokens = answer_texts(target, tokenizer, [p for _, p in pending], cfg, bar)
+        answers, tokens = answer_texts(target, renderer, [p for _, p in pending], cfg, bar)
         produced += tokens
         for (i, _), answer in zip(pending, answers):
             if isinstance(answer, ServerError):  # as a prompt past max_prompt_len above

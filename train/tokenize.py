@@ -9,19 +9,28 @@ needs no per-model regex. A template that renders a turn otherwise once later tu
 through the offset mapping. Tool use: a conversation's `tools` reach the template, a reply's
 span covers the calls it makes as the template writes them (tool results stay context), and a
 template that does not write the calls is a skip reason, not a reply trained without them.
+Reasoning: conversations hold it as a `<think>` block opening the reply's text; a template that
+reads it from a `thinking` field instead (gpt-oss's harmony format) is given it there, and a
+reply the target generates in such a format is read back into a `<think>` block by where the
+template writes a probe's reasoning and answer.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 
-from draftsmith.conversations import Conversation
+from draftsmith.conversations import Conversation, fold_reasoning, split_reasoning
 
 PLAIN_ROLES = {"system": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
 # stands in for an empty reply's text, to find where the template writes a reply
 PROBE = "draftsmith probe reply"
+PROBE_REASONING = "draftsmith probe reasoning"
+# a template that reads a reply's reasoning from a `thinking` field (gpt-oss: `"thinking" in
+# message`, `message.thinking`); Qwen3's `enable_thinking` flag is not one
+THINKING_FIELD = re.compile(r"""\.thinking\b|\[['"]thinking['"]\]|['"]thinking['"] in\b""")
 
 
 class TemplateError(ValueError):
@@ -32,6 +41,15 @@ class TemplateError(ValueError):
 class Tokenized:
     input_ids: list[int]
     loss_mask: list[int]
+
+
+def _thinking_apart(message: dict) -> dict:
+    """A reply whose text opens with a `<think>` block as the template reads it: the block's
+    reasoning in `thinking`, the answer in `content`."""
+    if message["role"] != "assistant":
+        return message
+    reasoning, answer = split_reasoning(message["content"])
+    return message if reasoning is None else {**message, "thinking": reasoning, "content": answer}
 
 
 def _render_plain(
@@ -79,6 +97,8 @@ class ConversationTokenizer:
         if self.template == "plain":
             eos = self.tokenizer.eos_token or ""
             return _render_plain(messages, add_generation_prompt, eos, tools)
+        if self.reads_thinking:
+            messages = [_thinking_apart(m) for m in messages]
         try:
             return self.tokenizer.apply_chat_template(
                 messages,
@@ -90,6 +110,55 @@ class ConversationTokenizer:
         except Exception as err:  # jinja raises TemplateError or whatever the template throws
             raise TemplateError(f"template rejected the conversation: {err}") from err
 
+    @functools.cached_property
+    def reads_thinking(self) -> bool:
+        """Whether the template reads a reply's reasoning from a `thinking` field."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        plain = self.template == "plain" or not isinstance(template, str)
+        return not plain and THINKING_FIELD.search(template) is not None
+
+    @functools.cached_property
+    def _reply_layouts(self) -> list[tuple[str, str]]:
+        """(head, between) of each way the template writes a generated reply: with reasoning,
+        what it writes before the reasoning and between it and the answer; without, what it
+        writes before the answer ("" between)."""
+        asked = [{"role": "user", "content": "q"}]
+        start = len(self.render(asked, add_generation_prompt=True))
+        thought = self.render(
+            [*asked, {"role": "assistant", "content": fold_reasoning(PROBE_REASONING, PROBE)}]
+        )[start:]
+        plain = self.render([*asked, {"role": "assistant", "content": PROBE}])[start:]
+        layouts = [(plain[: plain.find(PROBE)], "")]
+        at, answer = thought.find(PROBE_REASONING), thought.find(PROBE)
+        if 0 <= at and at + len(PROBE_REASONING) < answer:
+            layouts.insert(0, (thought[:at], thought[at + len(PROBE_REASONING) : answer]))
+        return layouts
+
+    def reply_text(self, ids: list[int]) -> str:
+        """A generated reply's token ids as a message's text (see `read_reply`)."""
+        if not self.reads_thinking:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.read_reply(self.tokenizer.decode(ids))
+
+    def read_reply(self, text: str) -> str:
+        """A generated reply, decoded with its special tokens, as a message's text. A template
+        that reads reasoning from a field has the model write it in its own format (gpt-oss: an
+        analysis channel, then a final one, in special tokens): found where the template writes
+        a probe's, it becomes the `<think>` block conversations hold. Other templates' replies
+        are their text as it is."""
+        if not self.reads_thinking:
+            return text
+        for head, between in self._reply_layouts:
+            if not text.startswith(head):
+                continue
+            if not between:
+                return text[len(head) :]
+            # a reply cut off by max_new_tokens mid-reasoning keeps the reasoning it wrote
+            reasoning, _, answer = text[len(head) :].partition(between)
+            return fold_reasoning(reasoning, answer)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of `messages` followed by the assistant generation prompt."""
         text = self.render(messages, add_generation_prompt=True, tools=tools)
@@ -100,18 +169,19 @@ class ConversationTokenizer:
     ) -> tuple[str, list[tuple[int, int]]]:
         """The rendered conversation and the character span of each assistant turn."""
         full = self.render(messages, tools=tools)
-        spans = []
+        spans: list[tuple[int, int] | None] = []
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            start = len(self.render(messages[:i], add_generation_prompt=True, tools=tools))
+            prompt = self.render(messages[:i], add_generation_prompt=True, tools=tools)
             prefix = self.render(messages[: i + 1], tools=tools)
-            if not full.startswith(prefix) or len(prefix) < start:
-                # the template renders a turn otherwise once later turns follow (Qwen3 gives
-                # only the replies after the last user turn a think block)
-                spans = self._found_spans(messages, full, tools)
-                break
-            spans.append((start, len(prefix)))
+            # None: the template renders this reply otherwise once later turns follow (Qwen3
+            # and gpt-oss drop the reasoning of replies before the last user turn)
+            stable = full.startswith(prefix) and len(prefix) > len(prompt)
+            stable = stable and full.startswith(prompt)
+            spans.append((len(prompt), len(prefix)) if stable else None)
+        if None in spans:
+            spans = self._found_spans(messages, full, spans, tools)
         replies = [m for m in messages if m["role"] == "assistant"]
         for i, (message, (start, end)) in enumerate(zip(replies, spans)):
             missing = [
@@ -136,18 +206,28 @@ class ConversationTokenizer:
         return rendered[rendered.rindex(PROBE) + len(PROBE) :]
 
     def _found_spans(
-        self, messages: list[dict], full: str, tools: list[dict] | None
+        self,
+        messages: list[dict],
+        full: str,
+        stable: list[tuple[int, int] | None],
+        tools: list[dict] | None,
     ) -> list[tuple[int, int]]:
-        """Assistant spans of a template that is not prefix-stable: each message's text found
-        in order in the whole rendering; a reply's span is its text and the template's
+        """Assistant spans of a template that is not prefix-stable: the `stable` ones (the
+        prefix renderings' spans, None where they fail) kept, each other message's text found
+        in order in the whole rendering; a found reply's span is its text and the template's
         end-of-turn marker after it (what the prefix renderings give a stable template), its
         tool calls between them. A reply whose reasoning the template drops from the history
         (Qwen3 and other thinking models show earlier replies without their `<think>` block) is
         found by its answer alone; one that only calls tools is found where the template writes
         a probe text in its place."""
         marker = self._end_of_turn
-        spans, cursor = [], 0
+        spans, cursor, replies = [], 0, iter(stable)
         for i, message in enumerate(messages):
+            kept = next(replies) if message["role"] == "assistant" else None
+            if kept is not None:
+                spans.append(kept)
+                cursor = kept[1]
+                continue
             text = message["content"].strip()  # templates may trim it (Llama 3 does)
             calls = message.get("tool_calls")
             if calls and not text:
