@@ -28,6 +28,16 @@ MISTRAL = (
     "{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}"
     "{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}"
 )
+# DeepSeek-R1's way (its template, cut to the roles used here): replies lose their reasoning,
+# and the generation prompt opens a think block the rendered replies do not have, so it is no
+# prefix of the whole rendering
+DEEPSEEK_R1 = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}{{ '<｜User｜>' + m['content'] }}"
+    "{% else %}{% set c = m['content'] %}{% if '</think>' in c %}"
+    "{% set c = c.split('</think>')[-1] %}{% endif %}{{ '<｜Assistant｜>' + c + eos_token }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<｜Assistant｜><think>\n' }}"
+    "{% endif %}"
+)
 # Qwen3's way with replies (its template, cut to the roles used here): a reply after the last
 # user turn gets a think block (its reasoning, or an empty one), earlier ones lose it, so
 # rendering a conversation's prefix does not give the start of its whole rendering;
@@ -106,6 +116,7 @@ def masked_and_not(tokenizer, out) -> tuple[str, str]:
         (None, "<|im_end|>\n"),  # the tiny target's ChatML, as SmolLM2 renders it
         (LLAMA3, "<|eot_id|>"),
         (MISTRAL, "<|im_end|>"),  # Mistral closes replies with eos
+        (DEEPSEEK_R1, "<|im_end|>"),
     ],
 )
 def test_loss_mask_is_exactly_the_assistant_text(template, end, tiny_tokenizer) -> None:
