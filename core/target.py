@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -104,7 +105,27 @@ def load_tokenizer(
         tokenizer.pad_token = tokenizer.eos_token
     if chat_template is not None:
         tokenizer.chat_template = chat_template_text(chat_template)
+    elif tokenizer.chat_template is None:
+        tokenizer.chat_template = _processor_chat_template(path)
     return tokenizer
+
+
+def _processor_chat_template(path: str) -> str | None:
+    """The template an image-text checkpoint keeps for its processor only (Qwen2.5-VL's
+    chat_template.json), which its tokenizer does not load; None when there is none."""
+    from transformers.utils import cached_file
+
+    found = cached_file(
+        path,
+        "chat_template.json",
+        local_files_only=os.path.isdir(path),
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+    )
+    if found is None:
+        return None
+    template = json.loads(Path(found).read_text()).get("chat_template")
+    return template if isinstance(template, str) else None
 
 
 def target_tokenizer(target: TargetConfig):
@@ -142,7 +163,8 @@ def load_target(
     trust_remote_code: bool = False,
     attn_implementation: str | None = "sdpa",
 ):
-    """Load a frozen target model in eval mode.
+    """Load a frozen target model in eval mode: a causal LM, or an image-text model transformers
+    builds none of (decoding text, it is one).
 
     Args:
         name_or_path: local folder, hub id, asset name, or `tiny-random-llama`.
@@ -154,18 +176,25 @@ def load_target(
     Returns:
         The model (requires_grad off everywhere).
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     path = resolve_target_path(name_or_path)
     local = os.path.isdir(path)
+    kwargs = dict(
+        dtype=torch_dtype(dtype),
+        trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation,
+        local_files_only=local,
+    )
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path,
-            dtype=torch_dtype(dtype),
-            trust_remote_code=trust_remote_code,
-            attn_implementation=attn_implementation,
-            local_files_only=local,
-        )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        except ValueError as err:
+            if "Unrecognized configuration class" not in str(err):
+                raise
+            # an image-text checkpoint transformers builds no causal LM of (Qwen2.5-VL,
+            # LLaVA): the whole model, decoding text, is the target
+            model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
     except OSError as err:
         raise _unloadable(name_or_path, err) from err
     except ValueError as err:

@@ -184,6 +184,27 @@ ARCHITECTURES = {
         },
         "mm_tokens_per_image": 4,
     },
+    # an image-text checkpoint with no causal LM class: its rotary positions are 3-D (mrope),
+    # one section per axis, which for text are all the token's position
+    "Qwen2_5_VL": {
+        "text_config": {
+            "vocab_size": 259,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        },
+        "vision_config": {
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+            "fullatt_block_indexes": [0],
+        },
+    },
     # multi-head latent attention: keys and values decompressed per query head
     "DeepseekV3": {
         "num_key_value_heads": 4,

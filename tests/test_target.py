@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,22 @@ def test_a_target_without_sdpa_attention_loads_with_eager(make_tiny) -> None:
     # Gemma 2 softcaps its attention logits, which transformers runs eagerly only
     target = load_target(str(make_tiny(architecture="Gemma2", head_dim=16)))
     assert target.config._attn_implementation == "eager"
+
+
+def test_an_image_text_target_loads_with_its_processors_template(make_tiny) -> None:
+    """Qwen2.5-VL: transformers builds no causal LM of it, so the image-text model is the
+    target; its template is in the processor's chat_template.json, which its tokenizer does
+    not load."""
+    from test_speculative import ARCHITECTURES
+
+    from draftsmith.tiny import CHATML_TEMPLATE
+
+    config = ARCHITECTURES["Qwen2_5_VL"]
+    folder = make_tiny(architecture="Qwen2_5_VL", chat_template=None, **config)
+    assert load_tokenizer(str(folder)).chat_template is None
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": CHATML_TEMPLATE}))
+    assert load_tokenizer(str(folder)).chat_template == CHATML_TEMPLATE
+    assert type(load_target(str(folder))).__name__ == "Qwen2_5_VLForConditionalGeneration"
 
 
 def test_tiny_target_loads_with_chat_template(tiny_target, tiny_tokenizer) -> None:
