@@ -205,6 +205,48 @@ ARCHITECTURES = {
             "fullatt_block_indexes": [0],
         },
     },
+    # interleaved 3-D rotary sections, the vision features added to early layers (deepstack)
+    "Qwen3VL": {
+        "text_config": {
+            "vocab_size": 259,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "rope_scaling": {"mrope_section": [2, 3, 3], "mrope_interleaved": True},
+        },
+        "vision_config": {
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+            "deepstack_visual_indexes": [0],
+        },
+    },
+    # a vision tower in front of a plain Llama (LLaVA)
+    "Llava": {
+        "text_config": {
+            "model_type": "llama",
+            "vocab_size": 259,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        "vision_config": {
+            "model_type": "clip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 32,
+            "patch_size": 8,
+        },
+    },
     # multi-head latent attention: keys and values decompressed per query head
     "DeepseekV3": {
         "num_key_value_heads": 4,
