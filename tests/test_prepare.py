@@ -304,7 +304,8 @@ def test_generated_reasoning_is_read_back_as_the_model_wrote_it(
     """A reply the target generates in harmony format (reasoning in an analysis channel, the
     answer in a final one, in special tokens) becomes a `<think>` block and the answer, which
     render back to the very tokens generated: from in-process engines and from servers, which
-    are asked to keep the special tokens. A reply cut off mid-reasoning keeps its reasoning."""
+    are asked to keep the special tokens. A reply cut off mid-reasoning keeps its reasoning; one
+    the template cannot write back (a tool call, on another channel) is a logged failure."""
     from test_regen_server import StandIn
 
     from draftsmith.conf.schema import RegenConfig
@@ -341,6 +342,17 @@ def test_generated_reasoning_is_read_back_as_the_model_wrote_it(
         server.close()
     assert texts == [reply] * 2
     assert all(r["skip_special_tokens"] is False for r in server.requests)
+    # a call goes to another channel, in special tokens the answer cannot hold
+    call = encode(analysis + "<|start|>assistant to=functions.f<|channel|>commentary<|message|>{}")
+    assert renderer.reply_text(call) is None
+    monkeypatch.setattr(regenerate, "generate_answers", lambda *args: [call] * len(args[2]))
+    failures: list[str] = []
+    kept, _ = regenerate.regenerate_chunk(
+        tiny_target, tokenizer, renderer, [asked], RegenConfig(), failures
+    )
+    assert kept == [] and failures == [
+        "c: the reply is in no form the template writes back (a tool call?)"
+    ]
 
 
 def test_bad_rows_are_rejected_with_reasons(tiny_tokenizer) -> None:

@@ -3,14 +3,14 @@
 Multi-turn aware (turn j is answered with the target's own earlier answers in context), batched
 (length-sorted, left-padded batches that drop rows as they end; or transformers' `generate` /
 continuous batching; or OpenAI-compatible servers running the target: regen_server.py), greedy
-or sampled, stopping at EOS. Work is written
-in chunks of rows (`chunk_00000_<digest>.jsonl`, atomically); a rerun skips finished chunks. The
-digest covers the chunk's conversation ids, the target and the generation settings, so a rerun
-with other data (limit, seed, chunk_rows) or settings regenerates instead of reusing stale answers.
-Rows whose prompt cannot be rendered or is too long are logged with the reason and dropped, never
-silently. A conversation with tool results is answered up to its first one: the results answer
-the original calls, not the target's (whose reply there may be a call of its own, as its
-template writes it); the turns after it are dropped and counted.
+or sampled, stopping at EOS. Work is written in chunks of rows (`chunk_00000_<digest>.jsonl`,
+atomically); a rerun skips finished chunks. The digest covers the chunk's conversation ids, the
+target and the generation settings, so a rerun with other data (limit, seed, chunk_rows) or
+settings regenerates instead of reusing stale answers. Rows whose prompt cannot be rendered or is
+too long, or whose reply the template cannot write back as the target wrote it, are logged with
+the reason and dropped, never silently. A conversation with tool results is answered up to its
+first one: the results answer the original calls, not the target's (whose reply there may be a
+call of its own, as its template writes it); the turns after it are dropped and counted.
 """
 
 from __future__ import annotations
@@ -162,9 +162,10 @@ def answer_texts(
     prompts: list[list[int]],
     cfg: RegenConfig,
     progress: tqdm | None = None,
-) -> tuple[list[str | ServerError], int]:
-    """Every prompt's answer as a message's text (or the error a server refused it with) and
-    the new tokens, from the engine `cfg` names."""
+) -> tuple[list[str | ServerError | None], int]:
+    """Every prompt's answer as a message's text (or the error a server refused it with, or
+    None: a reply the template cannot write back, `ConversationTokenizer.read_reply`) and the
+    new tokens, from the engine `cfg` names."""
     tokenizer = renderer.tokenizer
     if cfg.engine == "server":
         # with their special tokens where the template's format writes reasoning in them
@@ -232,8 +233,13 @@ def regenerate_chunk(
         answers, tokens = answer_texts(target, renderer, [p for _, p in pending], cfg, bar)
         produced += tokens
         for (i, _), answer in zip(pending, answers):
-            if isinstance(answer, ServerError):  # as a prompt past max_prompt_len above
-                failures.append(f"{conversations[i].id}: server refused the prompt: {answer}")
+            if isinstance(answer, ServerError) or answer is None:  # as a prompt too long
+                reason = (
+                    f"server refused the prompt: {answer}"
+                    if answer is not None
+                    else "the reply is in no form the template writes back (a tool call?)"
+                )
+                failures.append(f"{conversations[i].id}: {reason}")
                 alive.discard(i)
                 done[i] = done[i][:-1]
                 continue

@@ -134,30 +134,36 @@ class ConversationTokenizer:
             layouts.insert(0, (thought[:at], thought[at + len(PROBE_REASONING) : answer]))
         return layouts
 
-    def reply_text(self, ids: list[int]) -> str:
+    def reply_text(self, ids: list[int]) -> str | None:
         """A generated reply's token ids as a message's text (see `read_reply`)."""
         if not self.reads_thinking:
             return self.tokenizer.decode(ids, skip_special_tokens=True)
         return self.read_reply(self.tokenizer.decode(ids))
 
-    def read_reply(self, text: str) -> str:
+    def read_reply(self, text: str) -> str | None:
         """A generated reply, decoded with its special tokens, as a message's text. A template
         that reads reasoning from a field has the model write it in its own format (gpt-oss: an
         analysis channel, then a final one, in special tokens): found where the template writes
-        a probe's, it becomes the `<think>` block conversations hold. Other templates' replies
-        are their text as it is."""
+        a probe's, it becomes the `<think>` block conversations hold. A reply in none of the
+        template's layouts, or with special tokens left in its parts (a gpt-oss tool call goes
+        to another channel), is None: the template would not write it as the model did. Other
+        templates' replies are their text as it is."""
         if not self.reads_thinking:
             return text
         for head, between in self._reply_layouts:
             if not text.startswith(head):
                 continue
-            if not between:
-                return text[len(head) :]
+            rest = text[len(head) :]
             # a reply cut off by max_new_tokens mid-reasoning keeps the reasoning it wrote
-            reasoning, _, answer = text[len(head) :].partition(between)
-            return fold_reasoning(reasoning, answer)
+            parts = rest.partition(between)[::2] if between else (rest,)
+            if all(map(self._plain, parts)):
+                return fold_reasoning(*parts) if between else rest
+        return None
+
+    def _plain(self, text: str) -> bool:
+        """Whether `text` holds no special tokens."""
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=True) == self.tokenizer.decode(ids)
 
     def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of `messages` followed by the assistant generation prompt."""
