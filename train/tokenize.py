@@ -114,8 +114,9 @@ class ConversationTokenizer:
     def reads_thinking(self) -> bool:
         """Whether the template reads a reply's reasoning from a `thinking` field."""
         template = getattr(self.tokenizer, "chat_template", None)
-        plain = self.template == "plain" or not isinstance(template, str)
-        return not plain and THINKING_FIELD.search(template) is not None
+        if self.template == "plain" or not isinstance(template, str):
+            return False
+        return THINKING_FIELD.search(template) is not None
 
     @functools.cached_property
     def _reply_layouts(self) -> list[tuple[str, str]]:
@@ -128,10 +129,12 @@ class ConversationTokenizer:
             [*asked, {"role": "assistant", "content": fold_reasoning(PROBE_REASONING, PROBE)}]
         )[start:]
         plain = self.render([*asked, {"role": "assistant", "content": PROBE}])[start:]
-        layouts = [(plain[: plain.find(PROBE)], "")]
+        layouts = []
         at, answer = thought.find(PROBE_REASONING), thought.find(PROBE)
         if 0 <= at and at + len(PROBE_REASONING) < answer:
-            layouts.insert(0, (thought[:at], thought[at + len(PROBE_REASONING) : answer]))
+            layouts.append((thought[:at], thought[at + len(PROBE_REASONING) : answer]))
+        if PROBE in plain:
+            layouts.append((plain[: plain.index(PROBE)], ""))
         return layouts
 
     def reply_text(self, ids: list[int]) -> str | None:
@@ -183,9 +186,9 @@ class ConversationTokenizer:
             prefix = self.render(messages[: i + 1], tools=tools)
             # None: the template renders this reply otherwise once later turns follow (Qwen3
             # and gpt-oss drop the reasoning of replies before the last user turn)
-            stable = full.startswith(prefix) and len(prefix) > len(prompt)
-            stable = stable and full.startswith(prompt)
-            spans.append((len(prompt), len(prefix)) if stable else None)
+            start, end = len(prompt), len(prefix)
+            stable = full.startswith(prompt) and full.startswith(prefix) and end >= start
+            spans.append((start, end) if stable else None)
         if None in spans:
             spans = self._found_spans(messages, full, spans, tools)
         replies = [m for m in messages if m["role"] == "assistant"]
