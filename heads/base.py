@@ -45,10 +45,12 @@ class TargetInfo:
     max_position_embeddings: int
     hidden_act: str = "silu"
     name: str = ""
+    architecture: str = ""  # the checkpoint's class (config.architectures), "" if it names none
 
     @classmethod
     def from_hf_config(cls, config: Any, name: str = "") -> TargetInfo:
         name = name or getattr(config, "_name_or_path", "")
+        architecture = (getattr(config, "architectures", None) or [""])[0]
         # an image-text model's sizes are its text decoder's (a plain LM's config is its own)
         config = config.get_text_config(decoder=True)
         rope = getattr(config, "rope_parameters", None) or {}
@@ -69,6 +71,7 @@ class TargetInfo:
             max_position_embeddings=config.max_position_embeddings,
             hidden_act=getattr(config, "hidden_act", "silu"),
             name=name,
+            architecture=architecture,
         )
 
     def check_compatible(self, other: TargetInfo, what: str) -> None:

@@ -87,7 +87,10 @@ def _eagle3_config(head: DraftHead, fmt: str, num_speculative_tokens: int) -> di
                     {"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens}
                 ],
                 "default_proposal_method": "greedy",
-                "verifier": {"name_or_path": t.name, "architectures": ["LlamaForCausalLM"]},
+                "verifier": {
+                    "name_or_path": t.name,
+                    "architectures": [t.architecture] if t.architecture else [],
+                },
             },
             "transformer_layer_config": _llama_fields(t, 1),
             "draft_vocab_size": c.draft_vocab_size,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,16 @@ SNAPSHOTS = {
             "speculators_model_type": "eagle3",
             "norm_before_residual": False,
             "eagle_aux_hidden_state_layer_ids": [2, 2, 1],
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                "default_proposal_method": "greedy",
+                # the target's own class, which vLLM reads the verifier as
+                "verifier": {
+                    "name_or_path": "tiny-random-llama",
+                    "architectures": ["LlamaForCausalLM"],
+                },
+            },
         },
     ),
     ("eagle3", "trtllm"): (
@@ -190,6 +201,24 @@ def test_key_and_config_snapshots(name, fmt, info, tiny_target, tmp_path: Path) 
     assert all(v.dtype in (torch.bfloat16, torch.int64, torch.bool) for v in weights.values())
     if name == "eagle1":
         assert "layers.0.input_layernorm.weight" not in weights  # EAGLE-1 layer 0 has none
+
+
+def test_vllm_names_the_targets_own_class(make_tiny, tmp_path: Path) -> None:
+    """The speculators config's verifier is the target's class, as its checkpoint names it (a
+    head saved before the class was recorded names none rather than a wrong one)."""
+    from draftsmith.target import load_target
+
+    target = load_target(str(make_tiny(architecture="Qwen2")))
+    info = TargetInfo.from_hf_config(target.config, "tiny-qwen2")
+    for known, architectures in (
+        (info, ["Qwen2ForCausalLM"]),
+        (replace(info, architecture=""), []),
+    ):
+        head = build_head(CONFIGS["eagle3"], known).bind(TargetParts.from_model(target))
+        head.set_vocab(torch.arange(known.vocab_size))
+        out = export_head(head, "vllm", tmp_path / str(len(architectures)))
+        verifier = json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]
+        assert verifier == {"name_or_path": "tiny-qwen2", "architectures": architectures}
 
 
 def test_layer_ids_translate_both_ways(info, tiny_target, tmp_path: Path) -> None:
