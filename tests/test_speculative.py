@@ -134,6 +134,31 @@ def test_greedy_is_lossless_per_backend(backend, tiny_target, tiny_tokenizer, re
     assert tiny_target.config._attn_implementation == "sdpa"
 
 
+# an image-text model's text decoder, the size of the Llama target's
+TEXT = {
+    "vocab_size": 259,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+# their vision towers, as small: a ViT (SigLIP, CLIP) and Qwen's
+VISION = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "image_size": 32,
+    "patch_size": 8,
+}
+QWEN_VISION = {
+    "depth": 1,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": 64,
+}
 # other model families, tiny and random like the Llama target; windows of 12 tokens are shorter
 # than every prompt: Mistral's and Phi-3's layers all slide (one mask), Gemma 3's alternate sliding
 # and full (a mask per layer type). GPT-2, GPT-NeoX, Falcon, Phi and OPT keep their layers and
@@ -162,90 +187,29 @@ ARCHITECTURES = {
     "GptOss": {"sliding_window": 12, "head_dim": 16, "num_local_experts": 4},
     # an image-text checkpoint decoding text (Gemma 3 4B and up): its text decoder is the target
     "Gemma3": {
-        "text_config": {
-            "vocab_size": 259,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "sliding_window": 12,
-            "sliding_window_pattern": 2,
-        },
-        "vision_config": {
-            "model_type": "siglip_vision_model",
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "image_size": 32,
-            "patch_size": 8,
-        },
+        "text_config": {**TEXT, "head_dim": 16, "sliding_window": 12, "sliding_window_pattern": 2},
+        "vision_config": {**VISION, "model_type": "siglip_vision_model"},
         "mm_tokens_per_image": 4,
     },
     # an image-text checkpoint with no causal LM class: its rotary positions are 3-D (mrope),
     # one section per axis, which for text are all the token's position
     "Qwen2_5_VL": {
-        "text_config": {
-            "vocab_size": 259,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
-        },
-        "vision_config": {
-            "depth": 1,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 64,
-            "fullatt_block_indexes": [0],
-        },
+        "text_config": {**TEXT, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},
+        "vision_config": {**QWEN_VISION, "fullatt_block_indexes": [0]},
     },
     # interleaved 3-D rotary sections, the vision features added to early layers (deepstack)
     "Qwen3VL": {
         "text_config": {
-            "vocab_size": 259,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
+            **TEXT,
             "head_dim": 16,
             "rope_scaling": {"mrope_section": [2, 3, 3], "mrope_interleaved": True},
         },
-        "vision_config": {
-            "depth": 1,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 64,
-            "deepstack_visual_indexes": [0],
-        },
+        "vision_config": {**QWEN_VISION, "deepstack_visual_indexes": [0]},
     },
     # a vision tower in front of a plain Llama (LLaVA)
     "Llava": {
-        "text_config": {
-            "model_type": "llama",
-            "vocab_size": 259,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-        },
-        "vision_config": {
-            "model_type": "clip_vision_model",
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "image_size": 32,
-            "patch_size": 8,
-        },
+        "text_config": {**TEXT, "model_type": "llama"},
+        "vision_config": {**VISION, "model_type": "clip_vision_model"},
     },
     # multi-head latent attention: keys and values decompressed per query head
     "DeepseekV3": {
