@@ -176,25 +176,16 @@ def load_target(
     Returns:
         The model (requires_grad off everywhere).
     """
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
     path = resolve_target_path(name_or_path)
     local = os.path.isdir(path)
-    kwargs = dict(
-        dtype=torch_dtype(dtype),
-        trust_remote_code=trust_remote_code,
-        attn_implementation=attn_implementation,
-        local_files_only=local,
-    )
     try:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        except ValueError as err:
-            if "Unrecognized configuration class" not in str(err):
-                raise
-            # an image-text checkpoint transformers builds no causal LM of (Qwen2.5-VL,
-            # LLaVA): the whole model, decoding text, is the target
-            model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
+        model = _auto_class(path, trust_remote_code, local).from_pretrained(
+            path,
+            dtype=torch_dtype(dtype),
+            trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation,
+            local_files_only=local,
+        )
     except OSError as err:
         raise _unloadable(name_or_path, err) from err
     except ValueError as err:
@@ -212,6 +203,25 @@ def load_target(
     if head is not None:
         head.register_forward_pre_hook(_contiguous_input)
     return model
+
+
+def _auto_class(path: str, trust_remote_code: bool, local: bool):
+    """AutoModelForCausalLM, or AutoModelForImageTextToText for an image-text checkpoint
+    transformers builds no causal LM of (Qwen2.5-VL, LLaVA): the whole model, decoding text,
+    is the target."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING,
+    )
+
+    config = AutoConfig.from_pretrained(
+        path, trust_remote_code=trust_remote_code, local_files_only=local
+    )
+    kind = type(config)
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING and kind in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:

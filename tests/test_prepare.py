@@ -351,7 +351,7 @@ def test_generated_reasoning_is_read_back_as_the_model_wrote_it(
         tiny_target, tokenizer, renderer, [asked], RegenConfig(), failures
     )
     assert kept == [] and failures == [
-        "c: the reply is in no form the template writes back (a tool call?)"
+        "c: the reply is in no form the template writes back (gpt-oss's calls)"
     ]
 
 

@@ -237,7 +237,7 @@ def regenerate_chunk(
                 reason = (
                     f"server refused the prompt: {answer}"
                     if answer is not None
-                    else "the reply is in no form the template writes back (a tool call?)"
+                    else "the reply is in no form the template writes back (gpt-oss's calls)"
                 )
                 failures.append(f"{conversations[i].id}: {reason}")
                 alive.discard(i)
