@@ -1,6 +1,7 @@
 """`draftsmith run`: prepare -> collect -> train -> eval -> export, each stage skipped when its
 output is already complete (so a killed run is continued by running the same command again);
-`stages=[...]` runs a subset, and the summary still lists the others.
+`stages=[...]` runs a subset, and the summary still lists the others. The summary reports the
+eval this invocation's settings name, and points to the table of all the run's evals.
 
 Stages run in this process with the same typed config; a summary table of what each stage
 produced and how long it took (also when an earlier invocation ran it: each run keeps
@@ -126,6 +127,12 @@ def _results(cfg: Config) -> dict:
     for key, path in paths.items():
         if path.exists():
             found[key] = json.loads(path.read_text())
+    # the summary reports this invocation's eval; the run's other evals (other trees, tags) are
+    # all in the table eval writes beside them
+    evals = list(Path(cfg.stage_dir("eval")).glob("*/results.json"))
+    if len(evals) > 1:
+        table = Path(cfg.stage_dir("eval"), "summary.md")
+        found["evals"] = {"count": len(evals), "table": str(table)}
     return found
 
 
@@ -167,4 +174,8 @@ def _markdown(summary: dict) -> str:
         if e["mismatch"]["checked"]:
             line += f"; greedy mismatches {e['mismatch']['prompts']}/{e['prompts']}"
         lines.append(line)
+    if "evals" in summary:
+        lines.append(
+            f"all {summary['evals']['count']} evals of this run: {summary['evals']['table']}"
+        )
     return "\n".join(lines) + "\n"

@@ -60,6 +60,13 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     again = run(compose(overrides))
     assert [r["status"] for r in again["stages"]] == ["already complete"] * 5
     assert [r["seconds"] for r in again["stages"]] == [r["seconds"] for r in summary["stages"]]
+    # an eval with other settings: the summary reports it and points to the table of both
+    assert "evals" not in summary
+    tagged = run(compose([*overrides, "stages=[eval]", "eval.tag=chain", "tree=chain"]))
+    assert tagged["eval"]["tree"]["kind"] == "chain" and tagged["evals"]["count"] == 2
+    table = out / "eval" / "summary.md"
+    assert f"all 2 evals of this run: {table}" in (out / "summary.md").read_text()
+    assert len(table.read_text().splitlines()) == 4  # header, rule, both evals
 
     # another head on the same prepared data and features: nothing is prepared or collected again
     medusa = [o for o in overrides if o.split("=")[0] not in ("head.draft_vocab_size", "export")]
