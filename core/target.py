@@ -176,11 +176,17 @@ def load_target(
     Returns:
         The model (requires_grad off everywhere).
     """
+    from transformers import AutoConfig
+
     path = resolve_target_path(name_or_path)
     local = os.path.isdir(path)
     try:
-        model = _auto_class(path, trust_remote_code, local).from_pretrained(
+        config = AutoConfig.from_pretrained(
+            path, trust_remote_code=trust_remote_code, local_files_only=local
+        )
+        model = auto_model_class(config).from_pretrained(
             path,
+            config=config,
             dtype=torch_dtype(dtype),
             trust_remote_code=trust_remote_code,
             attn_implementation=attn_implementation,
@@ -205,19 +211,16 @@ def load_target(
     return model
 
 
-def _auto_class(path: str, trust_remote_code: bool, local: bool):
+def auto_model_class(config):
     """AutoModelForCausalLM, or AutoModelForImageTextToText for an image-text checkpoint
     transformers builds no causal LM of (Qwen2.5-VL, LLaVA): the whole model, decoding text,
     is the target."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING,
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING,
     )
 
-    config = AutoConfig.from_pretrained(
-        path, trust_remote_code=trust_remote_code, local_files_only=local
-    )
     kind = type(config)
     if kind not in MODEL_FOR_CAUSAL_LM_MAPPING and kind in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING:
         return AutoModelForImageTextToText

@@ -64,7 +64,8 @@ def build_tiny_target(
     sliding window), for the tests that decode other model families."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from draftsmith.target import auto_model_class
 
     tokenizer = build_byte_tokenizer(chat_template)
     sizes = dict(
@@ -83,10 +84,7 @@ def build_tiny_target(
     config = getattr(transformers, f"{architecture}Config")(**(sizes | config_overrides))
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    try:
-        model = AutoModelForCausalLM.from_config(config)
-    except ValueError:  # an image-text model transformers builds no causal LM of (Qwen2.5-VL)
-        model = AutoModelForImageTextToText.from_config(config)
+    model = auto_model_class(config).from_config(config)
     # Larger-than-default init so the tiny model has peaked, non-degenerate next-token
     # distributions (near-uniform logits would make greedy decoding full of ties).
     with torch.no_grad():

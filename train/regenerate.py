@@ -32,6 +32,9 @@ from draftsmith.target import cache_kwarg, stop_token_ids
 from draftsmith.train.regen_server import ServerClient, ServerError
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
+# why a reply `ConversationTokenizer.read_reply` cannot read is dropped
+UNREADABLE = "the reply is in no form the template writes back (gpt-oss's calls)"
+
 
 def _sampling(cfg: RegenConfig) -> Sampling:
     return Sampling(cfg.temperature, cfg.top_p, cfg.top_k)
@@ -233,13 +236,9 @@ def regenerate_chunk(
         answers, tokens = answer_texts(target, renderer, [p for _, p in pending], cfg, bar)
         produced += tokens
         for (i, _), answer in zip(pending, answers):
-            if isinstance(answer, ServerError) or answer is None:  # as a prompt too long
-                reason = (
-                    f"server refused the prompt: {answer}"
-                    if answer is not None
-                    else "the reply is in no form the template writes back (gpt-oss's calls)"
-                )
-                failures.append(f"{conversations[i].id}: {reason}")
+            if answer is None or isinstance(answer, ServerError):  # as a prompt too long
+                why = UNREADABLE if answer is None else f"server refused the prompt: {answer}"
+                failures.append(f"{conversations[i].id}: {why}")
                 alive.discard(i)
                 done[i] = done[i][:-1]
                 continue
