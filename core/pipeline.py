@@ -119,20 +119,20 @@ def _results(cfg: Config) -> dict:
     from draftsmith.inference.eval import eval_tag
 
     found: dict = {}
+    evals = Path(cfg.stage_dir("eval"))
     paths = {
         "data": Path(cfg.input_dir("prepare"), "stats.json"),
         "train": Path(cfg.stage_dir("train"), "summary.json"),
-        "eval": Path(cfg.stage_dir("eval"), eval_tag(cfg), "results.json"),
+        "eval": evals / eval_tag(cfg) / "results.json",
     }
     for key, path in paths.items():
         if path.exists():
             found[key] = json.loads(path.read_text())
     # the summary reports this invocation's eval; the run's other evals (other trees, tags) are
     # all in the table eval writes beside them
-    evals = list(Path(cfg.stage_dir("eval")).glob("*/results.json"))
-    if len(evals) > 1:
-        table = Path(cfg.stage_dir("eval"), "summary.md")
-        found["evals"] = {"count": len(evals), "table": str(table)}
+    count = len(list(evals.glob("*/results.json")))
+    if count > 1:
+        found["evals"] = {"count": count, "table": str(evals / "summary.md")}
     return found
 
 
