@@ -184,6 +184,13 @@ class SpecDecoder:
                 "longer be exact); at temperature > 0 set tree.sample_drafts=false (top-k "
                 "children) or tree.adaptive=false"
             )
+        if self.spec.verify == "traversal" and self.spec.kind == "dynamic" and draws.sampled:
+            raise ValueError(
+                "tree.verify=traversal decides whole subtrees, and a dynamic tree keeps drawn "
+                "children by scores that compete across siblings, so a subtree's shape would "
+                "depend on its later siblings' draws (no longer exact); use tree=static or "
+                "tree=chain, tree.sample_drafts=false (top-k children) or tree.verify=token"
+            )
         eos = set(eos_token_ids or ())
         stats = DecodeStats()
         device = next(self.target.parameters()).device
@@ -232,7 +239,13 @@ class SpecDecoder:
                 t2 = timer()
                 # in the target's dtype: greedy picks are the same in bf16 (0.1 ms less per step)
                 # and sampling converts to fp32 itself
-                path, bonus = accept(tree, out.logits[0].cpu(), sampling, generator)
+                path, bonus = accept(
+                    tree,
+                    out.logits[0].cpu(),
+                    sampling,
+                    generator,
+                    self.spec.verify == "traversal",
+                )
                 keep_accepted(cache, n, path)
                 kept = path.to(device)
                 new = [*tree.tokens[path[1:]].tolist(), bonus]

@@ -164,10 +164,16 @@ class TreeSpec:
     # their share of the forward's cost on this machine (measured when the decoder is built;
     # inference/costs.py), up to total_tokens
     adaptive: bool = False
+    # at temperature > 0: "token" (each node's children in turn, as EAGLE and SpecInfer) or
+    # "traversal" (whole paths, leaves first; inference/verify.py), which needs a tree shape
+    # that does not depend on what was drawn: static and chain trees, or top-k children
+    verify: str = "token"
 
     def __post_init__(self) -> None:
         if self.kind not in ("dynamic", "static", "chain"):
             raise ValueError(f"tree.kind={self.kind!r}: expected dynamic, static or chain")
+        if self.verify not in ("token", "traversal"):
+            raise ValueError(f"tree.verify={self.verify!r}: expected token or traversal")
         if self.attention not in ("sdpa", "flex", "flash"):
             raise ValueError(f"tree.attention={self.attention!r}: expected sdpa, flex or flash")
         for name, least in (("depth", 1), ("top_k", 1), ("total_tokens", 2)):  # 2: root + a draft

@@ -10,6 +10,18 @@ min(1, p(x) / q(x)); on rejection p becomes the residual norm(max(0, p - q)) and
 the next sibling was drawn without it (recursive rejection sampling without replacement, RSD).
 Either way each round hands on exactly a draw from p, so the output distribution is the
 target's whatever the draft proposes.
+
+`tree.verify=traversal` decides whole paths instead (Traversal Verification, Weng et al. 2025;
+on a chain, Block Verification, Sun et al. 2024): a node reached with weight w (1 at the root)
+gives a child x the weight min(1, w p(x) / q(x)) and tries its subtree first, leaves before
+their parents (post-order); a node whose children are all rejected is accepted with its weight,
+and a rejected subtree leaves its parent p = norm(max(0, w p - q)) and w = r / (1 - w + r),
+r = sum(max(0, w p - q)). By induction over the tree each node, reached with weight w, is
+accepted with its next token b with probability w p(b) and rejected with 1 - w, so the root
+(w = 1) hands on exactly a draw from p. A path rejected token by token for one unlikely step
+can still be accepted whole (w carries its other steps' surplus). The induction needs every
+subtree's shape fixed before its later siblings are drawn; a dynamic tree keeps draws by
+competing scores across siblings, so it is refused with drawn children (decoder.py).
 """
 
 from __future__ import annotations
@@ -149,7 +161,52 @@ def accept_sampled(
         node = accepted
 
 
-def accept(tree: Tree, logits: torch.Tensor, sampling: Sampling, generator=None):
+def accept_traversal(
+    tree: Tree, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, int]:
+    """Traversal verification (module docstring): the accepted path and the bonus token."""
+
+    def visit(node: int, w: float) -> tuple[int, int] | None:
+        """(accepted node, bonus), or None: `node`'s subtree rejected (probability 1 - w)."""
+        p = sampling.probs(logits[node][None])[0]  # [V], only for nodes the traversal reaches
+        q = _proposal(tree, node, p.numel())  # [V] or None
+        for child in _children(tree, node):
+            token = int(tree.tokens[child])
+            drawn = q is not None and bool(tree.proposals.drawn[child])
+            q_token = float(q[token]) if drawn else 1.0  # a deterministic child: q = one-hot
+            w_child = min(1.0, w * float(p[token]) / q_token)
+            if w_child > 0 and (found := visit(child, w_child)) is not None:
+                return found
+            if drawn:
+                residual = (w * p - q).clamp_min(0.0)  # [V]
+                q[token] = 0.0
+                q = q / q.sum()
+            else:
+                residual = w * p
+                residual[token] = 0.0  # w p(x) - 1 <= 0
+            r = float(residual.sum())
+            # zero only by rounding (the subtree was rejected with probability 1 - w_child > 0)
+            p = residual / r if r > 0 else p
+            w = 1.0 if w >= 1.0 else r / (1.0 - w + r)  # the root's stays 1: never rejected
+        if torch.rand((), generator=generator) < w:
+            return node, int(torch.multinomial(p, 1, generator=generator))
+        return None
+
+    found = visit(0, 1.0)
+    assert found is not None  # the root's weight is 1
+    return _path_to(tree, found[0]), found[1]
+
+
+def accept(
+    tree: Tree,
+    logits: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | None = None,
+    traversal: bool = False,
+) -> tuple[torch.Tensor, int]:
+    """The accepted path and bonus: greedy, or sampled token by token or by `traversal`."""
     if sampling.greedy:
         return accept_greedy(tree, logits)
+    if traversal:
+        return accept_traversal(tree, logits, sampling, generator)
     return accept_sampled(tree, logits, sampling, generator)

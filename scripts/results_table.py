@@ -101,6 +101,8 @@ def run_rows(run: Path, only: Collection[str] | None = None) -> Tables:
             tree += " all-turns"
         if e["temperature"] > 0 and t.get("sample_drafts"):  # children drawn, not the top k
             tree += " drawn"
+        if e["temperature"] > 0 and t.get("verify") == "traversal":  # whole paths at once
+            tree += " traversal"
         speed = {k: f"{s[k]:.2f}x" if k in s else "-" for k in ("vs_vanilla", "vs_lookup")}
         # tau-only evals (no baselines) may share the cores with other jobs: no speed reported
         tok_s = f"{r['tokens_per_second']['speculative']:.1f}" if s else "-"

@@ -172,6 +172,12 @@ def test_eval_folder_names_the_settings_and_stays_under_the_run() -> None:
     assert tag.startswith("tune_prompts-dynamic-")
     assert Path(cfg.stage_dir("eval"), tag).parent == Path(cfg.stage_dir("eval"))
     assert eval_tag(compose()).startswith("mt-bench-dynamic-")
+    # settings that change a sampled eval's results are in its name, not at T=0
+    sampled = ["tree=static", "tree.verify=traversal"]
+    assert eval_tag(compose([*sampled, "eval.temperature=1"])).endswith(
+        "-drawn-traversal-T1-float32"
+    )
+    assert "traversal" not in eval_tag(compose(sampled))
 
 
 def test_deepspeed_half_precision_modes_are_refused() -> None:

@@ -350,6 +350,18 @@ def test_adaptive_trees_refuse_drawn_children(tiny_target) -> None:
         decoder.generate([1, 2, 3], 4, Sampling(temperature=1.0))
 
 
+def test_traversal_refuses_dynamic_trees_of_drawn_children(tiny_target) -> None:
+    """A dynamic tree keeps drawn children by scores competing across siblings; with top-k
+    children (nothing drawn) it may be traversed."""
+    spec = TreeSpec(kind="dynamic", depth=3, top_k=2, total_tokens=6, verify="traversal")
+    decoder = SpecDecoder(tiny_target, untrained("eagle1", tiny_target), spec)
+    with pytest.raises(ValueError, match="tree.verify=traversal decides whole subtrees"):
+        decoder.generate([1, 2, 3], 4, Sampling(temperature=1.0))
+    decoder.spec = replace(spec, sample_drafts=False)
+    out, stats = decoder.generate([1, 2, 3], 8, Sampling(temperature=1.0))
+    assert len(out) == 8 and stats.forwards > 0
+
+
 @pytest.mark.parametrize("tree", ["dynamic+lookup", "static+lookup"])
 @pytest.mark.parametrize("name", list(HEADS))
 def test_every_head_samples_with_drawn_trees(name, tree, tiny_target, tiny_tokenizer) -> None:
@@ -375,6 +387,9 @@ def test_every_head_samples_with_drawn_trees(name, tree, tiny_target, tiny_token
 SAMPLING_TREES = {
     "dynamic, drawn": TreeSpec(kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2),
     "static, drawn": TreeSpec(kind="static", depth=2, top_k=2, total_tokens=6, lookup=2),
+    "static, drawn, traversal": TreeSpec(
+        kind="static", depth=2, top_k=2, total_tokens=6, lookup=2, verify="traversal"
+    ),
     # sized per step (`tree.adaptive`): 1 to 4 of its 5 nodes, the root alone, the branch
     # alone, the head's best nodes beside it
     "dynamic, top-k, adaptive": TreeSpec(
