@@ -185,7 +185,8 @@ def accept_traversal(
                 residual = w * p
                 residual[token] = 0.0  # w p(x) - 1 <= 0
             r = float(residual.sum())
-            # zero only by rounding (the subtree was rejected with probability 1 - w_child > 0)
+            # r = 0: w p <= q everywhere, so w becomes 0 and p is never drawn from (at the
+            # root, w = 1, only by rounding: its subtree was rejected with probability > 0)
             p = residual / r if r > 0 else p
             w = 1.0 if w >= 1.0 else r / (1.0 - w + r)  # the root's stays 1: never rejected
         if torch.rand((), generator=generator) < w:
