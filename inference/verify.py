@@ -128,6 +128,21 @@ def _children(tree: Tree, node: int) -> list[int]:
     return children.tolist()
 
 
+def _rejected(
+    w: float, p: torch.Tensor, q: torch.Tensor | None, token: int, drawn: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What a rejected child `token` leaves its parent (weight w, 1 token by token): the
+    residual max(0, w p - q) [V], unnormalised (q one-hot for a deterministic child), and q
+    without the token when the child was drawn (the next sibling was drawn without it)."""
+    if not drawn:
+        residual = w * p
+        residual[token] = 0.0  # w p(x) - 1 <= 0
+        return residual, q
+    residual = (w * p - q).clamp_min(0.0)  # [V]
+    q[token] = 0.0
+    return residual, q / q.sum()
+
+
 def accept_sampled(
     tree: Tree, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, int]:
@@ -140,21 +155,15 @@ def accept_sampled(
         for child in _children(tree, node):
             token = int(tree.tokens[child])
             u = torch.rand((), generator=generator)
-            if q is not None and bool(tree.proposals.drawn[child]):
-                if u * q[token] < p[token]:  # u < p / q: accepted with probability min(1, p/q)
-                    accepted = child
-                    break
-                residual = (p - q).clamp_min(0.0)
-                # zero only by rounding (a rejection has probability 1 - sum(min(p, q)) > 0)
-                p = residual / residual.sum() if residual.sum() > 0 else p
-                q[token] = 0.0
-                q = q / q.sum()
-                continue
-            if u < p[token]:
+            drawn = q is not None and bool(tree.proposals.drawn[child])
+            # u < p / q: accepted with probability min(1, p / q); a deterministic child: q = 1
+            if u * (q[token] if drawn else 1.0) < p[token]:
                 accepted = child
                 break
-            p[token] = 0.0
-            p = p / p.sum()
+            residual, q = _rejected(1.0, p, q, token, drawn)
+            r = float(residual.sum())
+            # zero only by rounding (a rejection has probability 1 - sum(min(p, q)) > 0)
+            p = residual / r if r > 0 else p
         if accepted is None:
             bonus = int(torch.multinomial(p, 1, generator=generator))
             return _path_to(tree, node), bonus
@@ -177,13 +186,7 @@ def accept_traversal(
             w_child = min(1.0, w * float(p[token]) / q_token)
             if w_child > 0 and (found := visit(child, w_child)) is not None:
                 return found
-            if drawn:
-                residual = (w * p - q).clamp_min(0.0)  # [V]
-                q[token] = 0.0
-                q = q / q.sum()
-            else:
-                residual = w * p
-                residual[token] = 0.0  # w p(x) - 1 <= 0
+            residual, q = _rejected(w, p, q, token, drawn)
             r = float(residual.sum())
             # r = 0: w p <= q everywhere, so w becomes 0 and p is never drawn from (at the
             # root, w = 1, only by rounding: its subtree was rejected with probability > 0)
