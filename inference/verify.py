@@ -118,29 +118,39 @@ def _proposal(tree: Tree, node: int, vocab: int) -> torch.Tensor | None:
     return q
 
 
-def _children(tree: Tree, node: int) -> list[int]:
-    """`node`'s children in the order they are tried: a deterministic child (a lookup chain's)
-    before drawn ones, so that when a draw and the chain hold the same token the chain's deeper
-    branch is the one taken; drawn children in the order they were drawn."""
+def _children(tree: Tree, node: int) -> list[tuple[int, int, bool]]:
+    """`node`'s children as (node id, token, drawn) in the order they are tried: a
+    deterministic child (a lookup chain's) before drawn ones, so that when a draw and the chain
+    hold the same token the chain's deeper branch is the one taken; drawn children in the order
+    they were drawn."""
     children = (tree.parents == node).nonzero().flatten()
-    if tree.proposals is not None:
-        children = children[torch.sort(tree.proposals.drawn[children].int(), stable=True).indices]
-    return children.tolist()
+    if tree.proposals is None:
+        drawn = torch.zeros_like(children, dtype=torch.bool)
+    else:
+        drawn = tree.proposals.drawn[children]
+        order = torch.sort(drawn.int(), stable=True).indices
+        children, drawn = children[order], drawn[order]
+    return list(zip(children.tolist(), tree.tokens[children].tolist(), drawn.tolist()))
 
 
 def _rejected(
     w: float, p: torch.Tensor, q: torch.Tensor | None, token: int, drawn: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, float, torch.Tensor | None]:
     """What a rejected child `token` leaves its parent (weight w, 1 token by token): the
-    residual max(0, w p - q) [V], unnormalised (q one-hot for a deterministic child), and q
-    without the token when the child was drawn (the next sibling was drawn without it)."""
-    if not drawn:
+    residual norm(max(0, w p - q)) [V] (q one-hot for a deterministic child) and its mass
+    before normalising, and q without the token when the child was drawn (the next sibling
+    was drawn without it). A zero mass keeps p: token by token, or at weight 1, only by
+    rounding (the rejection had probability > 0); below weight 1 the weight becomes 0, and p
+    is never drawn from."""
+    if drawn:
+        residual = (w * p - q).clamp_min(0.0)  # [V]
+        q[token] = 0.0
+        q = q / q.sum()
+    else:
         residual = w * p
         residual[token] = 0.0  # w p(x) - 1 <= 0
-        return residual, q
-    residual = (w * p - q).clamp_min(0.0)  # [V]
-    q[token] = 0.0
-    return residual, q / q.sum()
+    r = float(residual.sum())
+    return (residual / r if r > 0 else p), r, q
 
 
 def accept_sampled(
@@ -152,18 +162,13 @@ def accept_sampled(
         p = sampling.probs(logits[node][None])[0]  # [V]
         q = _proposal(tree, node, p.numel())  # [V] or None
         accepted = None
-        for child in _children(tree, node):
-            token = int(tree.tokens[child])
+        for child, token, drawn in _children(tree, node):
             u = torch.rand((), generator=generator)
-            drawn = q is not None and bool(tree.proposals.drawn[child])
             # u < p / q: accepted with probability min(1, p / q); a deterministic child: q = 1
             if u * (q[token] if drawn else 1.0) < p[token]:
                 accepted = child
                 break
-            residual, q = _rejected(1.0, p, q, token, drawn)
-            r = float(residual.sum())
-            # zero only by rounding (a rejection has probability 1 - sum(min(p, q)) > 0)
-            p = residual / r if r > 0 else p
+            p, _, q = _rejected(1.0, p, q, token, drawn)
         if accepted is None:
             bonus = int(torch.multinomial(p, 1, generator=generator))
             return _path_to(tree, node), bonus
@@ -179,18 +184,12 @@ def accept_traversal(
         """(accepted node, bonus), or None: `node`'s subtree rejected (probability 1 - w)."""
         p = sampling.probs(logits[node][None])[0]  # [V], only for nodes the traversal reaches
         q = _proposal(tree, node, p.numel())  # [V] or None
-        for child in _children(tree, node):
-            token = int(tree.tokens[child])
-            drawn = q is not None and bool(tree.proposals.drawn[child])
+        for child, token, drawn in _children(tree, node):
             q_token = float(q[token]) if drawn else 1.0  # a deterministic child: q = one-hot
             w_child = min(1.0, w * float(p[token]) / q_token)
             if w_child > 0 and (found := visit(child, w_child)) is not None:
                 return found
-            residual, q = _rejected(w, p, q, token, drawn)
-            r = float(residual.sum())
-            # r = 0: w p <= q everywhere, so w becomes 0 and p is never drawn from (at the
-            # root, w = 1, only by rounding: its subtree was rejected with probability > 0)
-            p = residual / r if r > 0 else p
+            p, r, q = _rejected(w, p, q, token, drawn)
             w = 1.0 if w >= 1.0 else r / (1.0 - w + r)  # the root's stays 1: never rejected
         if torch.rand((), generator=generator) < w:
             return node, int(torch.multinomial(p, 1, generator=generator))
