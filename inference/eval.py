@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from draftsmith.conf.schema import Config
-from draftsmith.conversations import read_conversations
+from draftsmith.conversations import ReadReport, read_conversations
 from draftsmith.heads import DraftHead, TargetInfo, TargetParts, load_head
 from draftsmith.heads.vocab import answer_token_counts, frequent_tokens
 from draftsmith.inference.decoder import STEP_PARTS, DecodeStats, SpecDecoder
@@ -74,11 +74,17 @@ class Setting:
 
 def user_turns(
     source: str, limit: int | None = None
-) -> tuple[list[list[str]], list[str], list[Setting]]:
+) -> tuple[list[list[str]], list[str], list[Setting], ReadReport]:
     """User turns of the first `limit` conversations of `source` (file, folder, HF dataset or
-    asset name), each conversation's category ("" where the source names none) and setting."""
+    asset name), each conversation's category ("" where the source names none) and setting,
+    and the read's report: a row that is not a conversation with a user turn is skipped and
+    counted there (printed by the callers, recorded in the results), never dropped unseen."""
     conversations, report = read_conversations(source, limit=limit)
+    for conv in conversations:
+        if not conv.user_prompts():
+            report.skip(conv.id, "no user turn")
     conversations = [conv for conv in conversations if conv.user_prompts()]
+    report.rows_kept = len(conversations)
     if not conversations:
         raise ValueError(f"benchmark {source!r} has no usable prompts ({report.summary()})")
     settings = []
@@ -87,7 +93,7 @@ def user_turns(
         system = [t.to_message() for t in conv.turns[:first_user] if t.role == "system"]
         settings.append(Setting(system, conv.tools))
     turns = [conv.user_prompts() for conv in conversations]
-    return turns, [c.category for c in conversations], settings
+    return turns, [c.category for c in conversations], settings, report
 
 
 def first_turns(
@@ -95,7 +101,9 @@ def first_turns(
 ) -> tuple[list[list[int]], list[str]]:
     """First user turn of the first `limit` conversations of `source`, rendered with the target's
     chat template as the model sees a new chat, and each conversation's category."""
-    turns, categories, settings = user_turns(source, limit)
+    turns, categories, settings, report = user_turns(source, limit)
+    if report.skipped:
+        print(report.summary())
     prompts = [
         chat_prompt(tokenizer, t[0], s.system, None, s.tools) for t, s in zip(turns, settings)
     ]
@@ -239,6 +247,7 @@ class _Pass:
     contenders: list[_Contender]
     conversations: list[list[str]]
     categories: list[str]
+    skipped: dict[str, int]  # the benchmark's rows not read as prompts, by reason
     info: TargetInfo
     packed: int
     tokens: dict[str, int]
@@ -346,7 +355,9 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
             )
         contenders.append(_Contender(run, head_path, decoder, draft))
     e = cfg.eval
-    conversations, categories, settings = user_turns(benchmark_source(cfg), e.limit)
+    conversations, categories, settings, report = user_turns(benchmark_source(cfg), e.limit)
+    if report.skipped and shard == 0:  # every worker reads the benchmark; one says so
+        print(report.summary())
     if e.turns == "first":
         conversations = [turns[:1] for turns in conversations]
     sampling = Sampling(e.temperature, e.top_p, e.top_k)
@@ -418,7 +429,9 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
             if sampling.greedy and "vanilla" in seen:
                 for c in contenders:
                     c.compare(target, seen[c.run], seen["vanilla"], index)
-    return _Pass(contenders, conversations, categories, info, packed, tokens, seconds)
+    return _Pass(
+        contenders, conversations, categories, dict(report.skipped), info, packed, tokens, seconds
+    )
 
 
 def _no_compiling(compiled: bool) -> AbstractContextManager:
@@ -461,6 +474,7 @@ def _results(cfg: Config, p: _Pass) -> dict[str, dict]:
             # every head decodes every prompt once
             "prompts": len(c.records),
             "conversations": len(p.conversations),
+            "skipped": p.skipped,
             "tokens": {n: p.tokens[m] for n, m in names.items()},
             "seconds": {n: p.seconds[m] for n, m in names.items()},
             "tokens_per_second": {n: rate[m] for n, m in names.items()},

@@ -55,6 +55,8 @@ def results_markdown(r: dict) -> str:
         f"acceptance by depth: {depth}",
         "",
     ]
+    if skipped := r.get("skipped"):  # rows of the benchmark that were not prompts
+        lines += [f"Benchmark rows skipped: {skipped}", ""]
     if by := r.get("by_category"):  # older results and benchmarks without categories: none
         parts = ", ".join(f"{name} {c['tau']:.2f}" for name, c in by.items())
         lines += [f"tau by category: {parts}", ""]

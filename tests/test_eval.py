@@ -72,6 +72,26 @@ def test_tau_by_category(tmp_path: Path, head_dir: Path) -> None:
     assert events.Scalars("tau_by_category/math")[0].value == pytest.approx(math)
 
 
+def test_benchmark_rows_that_are_not_prompts_are_reported(
+    tmp_path: Path, head_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A benchmark row that is not JSON or has no user turn is skipped, named in what the eval
+    prints and counted in its results: the prompts decoded are never fewer unseen."""
+    bench = _benchmark(tmp_path / "question.jsonl", [("math", "What is 12 times 7?")])
+    system_only = {"id": "q-sys", "messages": [{"role": "system", "content": "Be brief."}]}
+    with bench.open("a") as f:
+        f.write("{not json\n" + json.dumps(system_only) + "\n")
+    overrides = _tiny_eval(tmp_path, head_dir, bench, "eval.max_new_tokens=4", "eval.baselines=[]")
+    r = evaluate.run(compose(overrides))
+    assert r["prompts"] == 1
+    assert r["skipped"] == {"invalid JSON": 1, "no user turn": 1}
+    printed = capsys.readouterr().out
+    assert "kept 1/3 rows" in printed and "row 1: invalid JSON" in printed
+    assert "row q-sys: no user turn" in printed
+    (report,) = (tmp_path / "runs").glob("*/eval/*/results.md")
+    assert "Benchmark rows skipped: {'invalid JSON': 1, 'no user turn': 1}" in report.read_text()
+
+
 def test_all_turns_follow_each_methods_own_answers(
     tmp_path: Path, head_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
