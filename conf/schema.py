@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from draftsmith.heads.formats import FORMATS
 from draftsmith.inference.tree import TreeSpec
 
 
@@ -367,11 +368,19 @@ class Config:
     verify: bool = False
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    # the short keys of `draftsmith export format=vllm out=<folder>`: export.format and
+    # export.out (a group option, `export=vllm`, picks the format too; these win over it)
+    format: str = ""
+    out: str = ""
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     # free-form extras an experiment file may carry (notes, tags)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.export.format = self.format or self.export.format
+        self.export.out = self.out or self.export.out
+        # here, not at export time, so `draftsmith run` refuses a typo before hours of training
+        _check(self.export.format, FORMATS, "format")
         _check(self.dtype, ("float32", "bfloat16", "float16", "auto"), "dtype")
         if self.dtype == "auto":
             from draftsmith.target import native_dtype

@@ -199,3 +199,16 @@ def test_muon_with_zero_and_clipping_is_refused() -> None:
     assert compose(["train.optimizer=muon", "deepspeed=zero3", "train.grad_clip=0"])
     with pytest.raises(ValueError, match="train.muon_ns_method='cubic' is not one of"):
         compose(["train.optimizer=muon", "deepspeed=zero0", "train.muon_ns_method=cubic"])
+
+
+def test_short_export_keys_set_the_export_and_win_over_its_group() -> None:
+    """`draftsmith export format=vllm out=<folder>` (the README's and DESIGN's contract): the
+    short keys are export.format and export.out; a format typo fails when the config is built,
+    before `draftsmith run` trains for hours."""
+    cfg = compose(["format=vllm", "out=exported/vllm"])
+    assert (cfg.export.format, cfg.export.out) == ("vllm", "exported/vllm")
+    assert compose(["export=trtllm"]).export.format == "trtllm"
+    assert compose(["export=trtllm", "format=native"]).export.format == "native"
+    for override in ("format=vlm", "export.format=vlm"):
+        with pytest.raises(ValueError, match="format='vlm' is not one of"):
+            compose([override])
