@@ -66,8 +66,12 @@ def run_stage(stage: str, overrides: list[str]) -> None:
     def app(dict_cfg) -> None:
         fn(to_typed(dict_cfg))
 
-    # stage= first: argparse takes positionals only before options such as `--cfg job`
-    sys.argv = [f"draftsmith {stage}", f"stage={stage}", *overrides]
+    # Hydra's argparse takes its overrides (positionals) in one run, so `a=1 -m b=1,2` would
+    # leave b=1,2 unrecognised: every override goes first, stage= with them, then the flags
+    # (-m, --cfg job, ...) in the order given
+    keys = [a for a in overrides if "=" in a and not a.startswith("-")]
+    flags = [a for a in overrides if not ("=" in a and not a.startswith("-"))]
+    sys.argv = [f"draftsmith {stage}", f"stage={stage}", *keys, *flags]
     app()
 
 

@@ -119,6 +119,25 @@ def test_cli_prints_the_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert "inputs_from: smollm2_eagle3" in out and "name: medusa" in out
 
 
+def test_cli_takes_overrides_after_its_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's sweep, `draftsmith eval ... -m tree.total_tokens=8,16`, runs the stage once
+    per value, and an override after `--cfg job` still counts (Hydra's argparse takes its
+    overrides in one run, before the flags)."""
+    from draftsmith import cli
+
+    seen: list[Config] = []
+    monkeypatch.setattr(cli, "_load", lambda stage: seen.append)
+    cli.main(["eval", f"runs_dir={tmp_path}", "tree=dynamic", "-m", "tree.total_tokens=8,16"])
+    assert [(c.stage, c.tree.kind, c.tree.total_tokens) for c in seen] == [
+        ("eval", "dynamic", 8),
+        ("eval", "dynamic", 16),
+    ]
+    cli.main(["train", "--cfg", "job", "experiment=smollm2_medusa"])
+    assert "name: medusa" in capsys.readouterr().out
+
+
 def test_auto_dtype_is_bf16_only_where_the_hardware_has_it(monkeypatch) -> None:
     """`dtype=auto` resolves when the config is built, so every stage and record sees one dtype."""
     import torch
