@@ -30,9 +30,13 @@ def _done(cfg: Config, stage: str) -> bool:
     if stage == "train":
         return Path(cfg.stage_dir("train"), "summary.json").exists()
     if stage == "eval":
-        from draftsmith.inference.eval import eval_tag
+        from draftsmith.inference.eval import changed_settings, eval_tag
 
-        return Path(cfg.stage_dir("eval"), eval_tag(cfg), "results.json").exists()
+        # measured with this invocation's settings, not only into the folder they name
+        results = Path(cfg.stage_dir("eval"), eval_tag(cfg), "results.json")
+        return results.exists() and not changed_settings(
+            json.loads(results.read_text()), cfg, cfg.tree
+        )
     return Path(cfg.export.out or f"{cfg.stage_dir('export')}/{cfg.export.format}").exists()
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from draftsmith.conf.schema import Config
+from draftsmith.conf.schema import Config, EvalConfig
 from draftsmith.conversations import ReadReport, read_conversations
 from draftsmith.heads import DraftHead, TargetInfo, TargetParts, load_head
 from draftsmith.heads.vocab import answer_token_counts, frequent_tokens
@@ -545,9 +545,45 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
         if cfg.target.chat_template is not None:
             tag += f"-template{chat_template_digest(cfg.target.chat_template)}"
         tag += "".join(f"-{k}={v}" for k, v in sorted(cfg.target.chat_template_kwargs.items()))
+        # fewer prompts or tokens than the protocol's (a smoke test) never replace its results
+        e, protocol = cfg.eval, EvalConfig()
+        if e.limit != protocol.limit:
+            tag += f"-limit{'all' if e.limit is None else e.limit}"
+        if e.max_new_tokens != protocol.max_new_tokens:
+            tag += f"-new{e.max_new_tokens}"
+        if e.temperature > 0 and (e.top_p, e.top_k) != (protocol.top_p, protocol.top_k):
+            tag += f"-p{e.top_p:g}-k{e.top_k}"
     vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
     tag = f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
     return tag + ("-compiled" if cfg.eval.compile else "")
+
+
+# what an eval's numbers depend on beyond its folder's name (eval.heads, eval.workers and the
+# tag only place or split the same measurement)
+MEASURED = (
+    "benchmark",
+    "limit",
+    "turns",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "baselines",
+    "lookup_tokens",
+    "draft_vocab_size",
+    "compile",
+)
+
+
+def changed_settings(recorded: dict, cfg: Config, tree: TreeSpec) -> list[str]:
+    """Each eval or tree setting an earlier results.json (`recorded`) was measured with that
+    this eval's differs in, as "key: before -> now" (keys older results lack are not compared)."""
+    now = {f"eval.{k}": v for k, v in vars(cfg.eval).items() if k in MEASURED}
+    now |= {f"tree.{k}": v for k, v in vars(tree).items()}
+    now = json.loads(json.dumps(now))  # tuples as the JSON's lists
+    before = {f"eval.{k}": v for k, v in recorded["eval"].items()}
+    before |= {f"tree.{k}": v for k, v in recorded["tree"].items()}
+    return [f"{k}: {before[k]} -> {v}" for k, v in now.items() if k in before and before[k] != v]
 
 
 def results_dir(cfg: Config, run: str, tree: TreeSpec, draft_vocab: int) -> Path:
@@ -561,7 +597,12 @@ def run(cfg: Config) -> dict:
     (and under each `eval.heads` run's own eval folder); returns this run's results."""
     results = evaluate(cfg)
     for run_name, r in results.items():
-        out = results_dir(cfg, run_name, TreeSpec(**r["tree"]), r["draft_vocab_size"])
+        tree = TreeSpec(**r["tree"])
+        out = results_dir(cfg, run_name, tree, r["draft_vocab_size"])
+        if (old := out / "results.json").exists() and (
+            changes := changed_settings(json.loads(old.read_text()), cfg, tree)
+        ):
+            print(f"{out}: replacing results measured with other settings ({'; '.join(changes)})")
         write_report(r, out)
         write_sweep_summary(out.parent)
         if cfg.tracking != "none":

@@ -197,6 +197,14 @@ def test_eval_folder_names_the_settings_and_stays_under_the_run() -> None:
         "-drawn-traversal-T1-float32"
     )
     assert "traversal" not in eval_tag(compose(sampled))
+    # fewer prompts or tokens than the protocol's go to their own folder, never over its results
+    assert eval_tag(compose(["eval.limit=2", "eval.max_new_tokens=8"])).endswith(
+        "-limit2-new8-T0-float32"
+    )
+    assert eval_tag(compose(["eval.limit=null"])).endswith("-limitall-T0-float32")
+    nucleus = ["eval.temperature=1", "eval.top_p=0.9"]
+    assert eval_tag(compose(nucleus)).endswith("-drawn-p0.9-k0-T1-float32")
+    assert eval_tag(compose(["eval.top_p=0.9"])) == eval_tag(compose())  # greedy: no top-p
 
 
 def test_deepspeed_half_precision_modes_are_refused() -> None:

@@ -13,7 +13,9 @@ from draftsmith.config import compose
 from draftsmith.pipeline import _markdown, run
 
 
-def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
+def test_run_end_to_end_then_skips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     data = tmp_path / "data.jsonl"
@@ -60,6 +62,18 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     again = run(compose(overrides))
     assert [r["status"] for r in again["stages"]] == ["already complete"] * 5
     assert [r["seconds"] for r in again["stages"]] == [r["seconds"] for r in summary["stages"]]
+    # a tau-only eval into the same folder replaces the results, says so, and the pipeline then
+    # measures its own settings again instead of reporting the other eval as its own
+    from draftsmith.inference import eval as evaluate
+
+    evaluate.run(compose([*overrides, "eval.baselines=[]", "tracking=none"]))
+    assert "replacing results measured with other settings (eval.baselines: ['vanilla', " in (
+        capsys.readouterr().out
+    )
+    remeasured = run(compose(overrides))
+    statuses = [r["status"] for r in remeasured["stages"]]
+    assert statuses == ["already complete"] * 3 + ["done", "already complete"]
+    assert remeasured["eval"]["speedup"].keys() == {"vs_vanilla", "vs_lookup"}
     # an eval with other settings: the summary reports it and points to the table of both
     assert "evals" not in summary
     tagged = run(compose([*overrides, "stages=[eval]", "eval.tag=chain", "tree=chain"]))
@@ -81,8 +95,6 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
 
     # both heads in one eval, one vanilla and one lookup pass for both; the Medusa head's results
     # land in its own run, under its own (4-deep) tree, where its `draftsmith run` finds them
-    from draftsmith.inference import eval as evaluate
-
     mine = evaluate.run(compose([*overrides, "eval.heads=[tiny_medusa]", "tracking=none"]))
     found = list((tmp_path / "runs" / "tiny_medusa" / "eval").glob("*-d4-*/results.json"))
     assert len(found) == 1
@@ -147,7 +159,7 @@ def test_run_end_to_end_then_skips(tmp_path: Path, monkeypatch) -> None:
     grafted = evaluate.run(compose([*overrides, "tree.lookup=3", "tracking=none"]))
     assert grafted["tree"]["lookup"] == 3 and grafted["mismatch"]["checked"]
     assert grafted["mismatch"]["prompts"] == 0
-    (folder,) = (out / "eval").glob("*-n16-lookup3-T0-*")
+    (folder,) = (out / "eval").glob("*-n16-lookup3-limit3-new16-T0-*")
     report = (folder / "results.md").read_text()
     assert "prompt-lookup branch of 3" in report and "ms (target forward " in report
     assert "**eagle3** (its own draft vocabulary of 128 tokens) on " in report
