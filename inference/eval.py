@@ -17,6 +17,7 @@ served request has them. A tau-only eval (no baselines) can split its conversati
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import multiprocessing
 import platform
@@ -531,6 +532,11 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
     # a benchmark given as a file is named by its stem: the tag is one folder under the run's eval/
     bench = Path(cfg.eval.benchmark).name.removesuffix(".jsonl").removesuffix(".json")
     tag = cfg.eval.tag or f"{bench}-{t.kind}-d{t.depth}-k{t.top_k}-n{t.total_tokens}"
+    if t.kind == "static" and t.choices and not cfg.eval.tag:  # its shape is the choices'
+        digest = hashlib.sha256(json.dumps(t.choices).encode()).hexdigest()[:8]
+        depth = max(len(c) for c in t.choices)
+        nodes = len({tuple(c) for c in t.choices}) + 1  # the root and one node per path
+        tag = f"{bench}-static-d{depth}-n{nodes}-choices{digest}"
     if t.lookup and not cfg.eval.tag:
         tag += f"-lookup{t.lookup}"
     if t.adaptive and not cfg.eval.tag:

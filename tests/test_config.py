@@ -205,6 +205,10 @@ def test_eval_folder_names_the_settings_and_stays_under_the_run() -> None:
     nucleus = ["eval.temperature=1", "eval.top_p=0.9"]
     assert eval_tag(compose(nucleus)).endswith("-drawn-p0.9-k0-T1-float32")
     assert eval_tag(compose(["eval.top_p=0.9"])) == eval_tag(compose())  # greedy: no top-p
+    # a static tree of explicit choices is named by their shape and digest, not top-k settings
+    choices = ["tree=static", "tree.choices=[[0],[1],[0,0]]"]
+    assert re.search(r"-static-d2-n4-choices[0-9a-f]{8}-T0-", eval_tag(compose(choices)))
+    assert eval_tag(compose(choices)) != eval_tag(compose([*choices[:1], "tree.choices=[[0]]"]))
 
 
 def test_deepspeed_half_precision_modes_are_refused() -> None:
