@@ -98,7 +98,11 @@ def assets_main(args: list[str]) -> int:
     if names == ["all"]:
         names = list(assets.ASSETS)
     for name in names:
-        path = assets.fetch(name, force="--force" in args)
+        try:
+            path = assets.fetch(name, force="--force" in args)
+        except assets.AssetError as err:  # what went wrong is the message, not a traceback
+            print(f"draftsmith assets: {err}", file=sys.stderr)
+            return 1
         print(f"{name}: {path}")
     return 0
 

@@ -60,6 +60,11 @@ def test_half_written_and_corrupted_entries_are_refetched(cache: Path) -> None:
     assert assets.is_cached("humaneval", deep=True)
 
 
-def test_unknown_asset_names_the_known_ones() -> None:
+def test_unknown_asset_names_the_known_ones(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(assets.AssetError, match="known assets"):
         assets.fetch("nope")
+    # the command says so in one line and fails, without a traceback
+    from draftsmith.cli import main
+
+    assert main(["assets", "fetch", "nope"]) == 1
+    assert capsys.readouterr().err.startswith("draftsmith assets: unknown asset 'nope'; known")
