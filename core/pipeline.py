@@ -19,6 +19,7 @@ from pathlib import Path
 
 from draftsmith.conf.schema import Config
 from draftsmith.files import write_text_atomic
+from draftsmith.provenance import check_unchanged
 
 
 def _done(cfg: Config, stage: str) -> bool:
@@ -62,6 +63,10 @@ def run(cfg: Config) -> dict:
     }
     if cfg.train.source == "online":
         stages.pop("collect")
+    # before anything runs: a finished output made with other settings is not this run's
+    for name in ("prepare", "collect", "train"):
+        if name in stages and _done(stage_cfg := _stage_config(cfg, name), name):
+            check_unchanged(stage_cfg, name)
     rows = []
     stopped = False  # train.stop_after ended the training before its head was saved
     for name, fn in stages.items():

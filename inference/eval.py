@@ -39,6 +39,7 @@ from draftsmith.inference.report import write_report, write_sweep_summary
 from draftsmith.inference.tree import TreeSpec
 from draftsmith.inference.verify import Sampling, generate_kwargs
 from draftsmith.packed import pack_linears
+from draftsmith.provenance import differences
 from draftsmith.target import (
     chat_template_digest,
     compile_target,
@@ -583,13 +584,12 @@ MEASURED = (
 
 def changed_settings(recorded: dict, cfg: Config, tree: TreeSpec) -> list[str]:
     """Each eval or tree setting an earlier results.json (`recorded`) was measured with that
-    this eval's differs in, as "key: before -> now" (keys older results lack are not compared)."""
+    this eval's differs in, as "key: before -> now" (`differences`)."""
     now = {f"eval.{k}": v for k, v in vars(cfg.eval).items() if k in MEASURED}
     now |= {f"tree.{k}": v for k, v in vars(tree).items()}
-    now = json.loads(json.dumps(now))  # tuples as the JSON's lists
     before = {f"eval.{k}": v for k, v in recorded["eval"].items()}
     before |= {f"tree.{k}": v for k, v in recorded["tree"].items()}
-    return [f"{k}: {before[k]} -> {v}" for k, v in now.items() if k in before and before[k] != v]
+    return differences(before, now)
 
 
 def results_dir(cfg: Config, run: str, tree: TreeSpec, draft_vocab: int) -> Path:

@@ -74,6 +74,22 @@ def test_run_end_to_end_then_skips(
     statuses = [r["status"] for r in remeasured["stages"]]
     assert statuses == ["already complete"] * 3 + ["done", "already complete"]
     assert remeasured["eval"]["speedup"].keys() == {"vs_vanilla", "vs_lookup"}
+    # a finished stage made with other settings is refused before anything runs, by the pipeline
+    # and by prepare itself; a change that does not alter an output (cadence) is not
+    from draftsmith.train import prepare
+
+    timings = (out / "stage_seconds.json").read_text()
+    with pytest.raises(ValueError, match=r"prepare was made with other settings \(data.limit: 64"):
+        run(compose([*overrides, "data.limit=30"]))
+    with pytest.raises(ValueError, match=r"data.limit: 64 -> 30\)"):
+        prepare.run(compose([*overrides, "data.limit=30", "stage=prepare"]))
+    with pytest.raises(ValueError, match=r"train was made .*\(train.max_steps: 6 -> 7\)"):
+        run(compose([*overrides, "train.max_steps=7"]))
+    with pytest.raises(ValueError, match=r"collect was made .*\(dtype: float32 -> bfloat16\)"):
+        run(compose([*overrides, "dtype=bfloat16"]))
+    assert (out / "stage_seconds.json").read_text() == timings  # no stage ran
+    cadence = run(compose([*overrides, "train.eval_every=2", "train.log_every=1"]))
+    assert [r["status"] for r in cadence["stages"]] == ["already complete"] * 5
     # an eval with other settings: the summary reports it and points to the table of both
     assert "evals" not in summary
     tagged = run(compose([*overrides, "stages=[eval]", "eval.tag=chain", "tree=chain"]))

@@ -34,6 +34,7 @@ from draftsmith.heads import (
 )
 from draftsmith.heads.base import simulated_tau
 from draftsmith.heads.vocab import answer_token_counts
+from draftsmith.provenance import record, stage_settings
 from draftsmith.target import load_target, target_name
 from draftsmith.tracking import Tracker
 from draftsmith.train import engine as ds
@@ -141,6 +142,7 @@ def setup(cfg: Config, rank: int):
 
 
 def run(cfg: Config) -> dict:
+    settings = stage_settings(cfg, "train")  # as asked: building the head fills in its defaults
     rank, world = ds.init_distributed(cfg.device)
     out = Path(cfg.stage_dir("train"))
     target, head, sources, make_batch_for = setup(cfg, rank)
@@ -245,6 +247,7 @@ def run(cfg: Config) -> dict:
         "seconds_before_resume": earlier,
     }
     if rank == 0:
+        record(cfg, "train", settings)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_training(out / "metrics.jsonl", out / "training.png")
         tracker.artifact(out / "head", f"{cfg.run_name}-{head.name}")

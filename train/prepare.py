@@ -21,6 +21,7 @@ from draftsmith.conf.schema import Config
 from draftsmith.conversations import Conversation, read_conversations, skipped_text
 from draftsmith.files import write_text_atomic
 from draftsmith.packed import pack_linears
+from draftsmith.provenance import check_unchanged, record
 from draftsmith.target import chat_template_digest, load_target, target_tokenizer
 from draftsmith.train.regen_server import served_target
 from draftsmith.train.regenerate import regenerate
@@ -84,6 +85,7 @@ def run(cfg: Config) -> dict:
 
     out = Path(cfg.stage_dir("prepare"))
     if (out / "stats.json").exists():
+        check_unchanged(cfg, "prepare")
         print(f"prepare: {out} is complete; delete it to redo")
         return json.loads((out / "stats.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +159,8 @@ def run(cfg: Config) -> dict:
         "skipped": dict(skipped),
         "skipped_examples": examples,
     }
-    write_text_atomic(out / "stats.json", json.dumps(stats, indent=2))
+    record(cfg, "prepare")
+    write_text_atomic(out / "stats.json", json.dumps(stats, indent=2))  # the last: complete
     print(
         f"prepare: {stats['rows']} rows, {stats['tokens']} tokens, "
         f"{stats['masked_tokens']} masked; skipped {dict(skipped)} -> {out}"

@@ -1,0 +1,142 @@
+"""What a finished stage's output was made from, so it is never taken for one made with other
+settings: prepare and train write `<stage dir>/settings.json` when they complete; collect's
+index.json records its own (target, dtypes).
+
+`draftsmith run` skips a stage whose output is complete, and prepare skips itself the same way;
+before either does, `check_unchanged` compares the recorded settings with this invocation's and
+refuses a difference, naming the keys (e.g. `data.limit: 800 -> 2000` after a quick run: the
+output would otherwise be reported as this invocation's). Only what changes the output counts:
+cadence, batching and worker counts do not. Outputs made before records were kept, or by a stage
+whose record is missing, are not checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from draftsmith.conf.schema import Config
+from draftsmith.files import write_text_atomic
+from draftsmith.target import chat_template_digest
+
+RECORD = "settings.json"
+
+# keys of a stage's sections that do not change what it writes (how fast, how often, where logged)
+IGNORED = {
+    "data": {"preview"},
+    "data.regen": {
+        "engine",
+        "batch_size",
+        "servers",
+        "server_model",
+        "server_timeout",
+        "max_batch_tokens",
+        "chunk_rows",
+        "attn_implementation",
+    },
+    "train": {
+        "log_every",
+        "eval_every",
+        "save_every",
+        "keep_last",
+        "stop_after",
+        "nan_policy",
+        "gradient_checkpointing",
+        "eval_rows",
+    },
+}
+
+
+def _flat(prefix: str, section: Any) -> dict[str, Any]:
+    """A config section as {"prefix.key": value}, nested sections flattened, ignored keys out."""
+    values = section if isinstance(section, dict) else dataclasses.asdict(section)
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in IGNORED.get(prefix, ()):
+            continue
+        if isinstance(value, dict) and f"{prefix}.{key}" in IGNORED:  # a nested section
+            flat |= _flat(f"{prefix}.{key}", value)
+        else:
+            flat[f"{prefix}.{key}"] = value
+    return flat
+
+
+def stage_settings(cfg: Config, stage: str) -> dict[str, Any]:
+    """The settings `stage`'s output depends on, flattened, as JSON would store them."""
+    target = {"target.path": cfg.target.path}
+    if stage == "prepare":
+        data = _flat("data", cfg.data)
+        if not cfg.data.regenerate:  # answers are the data's own: how to regenerate is moot
+            data = {k: v for k, v in data.items() if not k.startswith("data.regen.")}
+        settings = {
+            **target,
+            "target.chat_template": chat_template_digest(cfg.target.chat_template),
+            "target.chat_template_kwargs": cfg.target.chat_template_kwargs,
+            "seed": cfg.seed,
+            **data,
+        }
+    elif stage == "collect":
+        # the aux layers are checked against the head's when training reads the features
+        settings = {
+            **target,
+            "dtype": cfg.dtype,
+            "collect.storage_dtype": cfg.collect.storage_dtype,
+        }
+    elif stage == "train":
+        settings = {
+            **target,
+            "dtype": cfg.dtype,
+            "seed": cfg.seed,
+            "inputs_from": cfg.inputs_from,
+            **_flat("train", cfg.train),
+            **_flat("head", cfg.head),
+        }
+    else:
+        raise ValueError(f"no settings are recorded for stage {stage!r}")
+    return settings
+
+
+def record(cfg: Config, stage: str, settings: dict[str, Any] | None = None) -> None:
+    """Write what prepare's or train's finished output was made from into its folder
+    (`settings`: taken when the stage began; building a head fills defaults into cfg.head)."""
+    settings = stage_settings(cfg, stage) if settings is None else settings
+    write_text_atomic(Path(cfg.stage_dir(stage), RECORD), json.dumps(settings, indent=2))
+
+
+def _recorded(folder: Path, stage: str) -> dict[str, Any] | None:
+    if stage == "collect":  # what collect's index.json says it collected
+        index = folder / "index.json"
+        if not index.exists():
+            return None
+        i = json.loads(index.read_text())
+        names = {"target.path": "target_path", "dtype": "compute_dtype"}
+        names["collect.storage_dtype"] = "storage_dtype"
+        return {key: i[name] for key, name in names.items() if name in i}
+    path = folder / RECORD
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """ "key: before -> now" for each key whose value differs; a key `before` lacks (a setting
+    added since it was recorded) is not compared."""
+    now = json.loads(json.dumps(now))  # tuples as lists, as a record reads back
+    return [f"{k}: {before[k]} -> {v}" for k, v in now.items() if k in before and before[k] != v]
+
+
+def check_unchanged(cfg: Config, stage: str) -> None:
+    """Refuse to take `stage`'s finished output as this invocation's when it was made with other
+    settings (nothing recorded: not checked)."""
+    folder = Path(cfg.stage_dir(stage))
+    before, now = _recorded(folder, stage), stage_settings(cfg, stage)
+    if before is None:
+        return
+    if changes := differences(before, now):
+        # another head or budget on the same data needs no new preparation or collection
+        reuse = f" (inputs_from={cfg.run_name} reuses its data and features)" * (stage == "train")
+        raise ValueError(
+            f"{folder} was made with other settings ({'; '.join(changes)}), so it is not this "
+            f"invocation's {stage} output: go back to its settings, pick another run_name"
+            f"{reuse}, or delete {folder} to make it again"
+        )
