@@ -19,6 +19,7 @@ from pathlib import Path
 
 from draftsmith.conf.schema import Config
 from draftsmith.files import write_text_atomic
+from draftsmith.heads.formats import SUPPORTED
 from draftsmith.provenance import check_unchanged
 
 
@@ -70,6 +71,13 @@ def run(cfg: Config) -> dict:
             continue
         if name in stages and _done(stage_cfg := _stage_config(cfg, name), name):
             check_unchanged(stage_cfg, name)
+    # an export the head has no format for would fail only after hours of training
+    supported = SUPPORTED[cfg.head.name]
+    if "export" in cfg.stages and cfg.export.format not in supported:
+        raise ValueError(
+            f"format={cfg.export.format} does not serve {cfg.head.name} heads (they export to "
+            f"{', '.join(supported)}): pass format=<one of them>, or leave export out of stages"
+        )
     rows = []
     stopped = False  # train.stop_after ended the training before its head was saved
     for name, fn in stages.items():
@@ -103,6 +111,7 @@ def run(cfg: Config) -> dict:
         rows.append({"stage": name, "status": status, "seconds": seconds})
     summary = {"run": cfg.run_name, "stages": rows, **_results(cfg)}
     out = Path(cfg.runs_dir, cfg.run_name)
+    out.mkdir(parents=True, exist_ok=True)  # a run none of whose stages ran has no folder yet
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2))
     write_text_atomic(out / "summary.md", _markdown(summary))
     print(_markdown(summary))

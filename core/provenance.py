@@ -7,7 +7,8 @@ before either does, `check_unchanged` compares the recorded settings with this i
 refuses a difference, naming the keys (e.g. `data.limit: 800 -> 2000` after a quick run: the
 output would otherwise be reported as this invocation's). Only what changes the output counts:
 cadence, batching and worker counts do not. Outputs made before records were kept, or by a stage
-whose record is missing, are not checked.
+whose record is missing, are not checked; nor, in `draftsmith run`, the prepared data and features
+`inputs_from` names (read as that run made them).
 """
 
 from __future__ import annotations

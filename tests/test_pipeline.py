@@ -252,6 +252,17 @@ def test_eval_heads_must_not_repeat_a_run() -> None:
         evaluate(compose(["run_name=a", "eval.heads=[b,a]"]))
 
 
+def test_an_export_format_the_head_lacks_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """The default export (sglang) serves no Hydra head: refused before prepare, not after
+    training; leaving export out of the stages, or a format the head has, runs."""
+    overrides = [f"runs_dir={tmp_path}", "experiment=tiny", "head=hydra"]
+    with pytest.raises(ValueError, match="format=sglang does not serve hydra heads .*native"):
+        run(compose(overrides))
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+    nothing = run(compose([*overrides, "format=native", "stages=[]"]))
+    assert [r["status"] for r in nothing["stages"]] == ["not selected"] * 5
+
+
 def test_a_training_stopped_early_is_not_reported_done(tmp_path: Path, monkeypatch) -> None:
     """`train.stop_after` ends an invocation before the head exists: the summary says where it
     stopped, and the stages after it, which read the head, wait for the training to finish."""
