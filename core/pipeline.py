@@ -21,6 +21,7 @@ from draftsmith.conf.schema import Config
 from draftsmith.files import write_text_atomic
 from draftsmith.heads.formats import SUPPORTED
 from draftsmith.provenance import check_unchanged
+from draftsmith.tracking import check_wandb
 
 
 def _done(cfg: Config, stage: str) -> bool:
@@ -71,6 +72,8 @@ def run(cfg: Config) -> dict:
             continue
         if name in stages and _done(stage_cfg := _stage_config(cfg, name), name):
             check_unchanged(stage_cfg, name)
+    if cfg.tracking == "wandb":
+        check_wandb()
     # an export the head has no format for would fail only after hours of training
     supported = SUPPORTED[cfg.head.name]
     if "export" in cfg.stages and cfg.export.format not in supported:

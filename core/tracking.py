@@ -15,6 +15,23 @@ from pathlib import Path
 from typing import Any
 
 
+def check_wandb() -> None:
+    """Fail at once, not when training starts after hours of preparation, where `tracking=wandb`
+    would log online without credentials (W&B raises only when its run starts)."""
+    if os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
+        return
+    import wandb
+
+    try:
+        wandb.login(verify=False)  # reads the key (env, netrc, settings); no network
+    except wandb.errors.UsageError as err:
+        raise ValueError(
+            f"tracking=wandb logs online, but W&B says: {err} Run `wandb login` (or set "
+            "WANDB_API_KEY), set WANDB_MODE=offline to keep the run files here, or use "
+            "tracking=none|tensorboard"
+        ) from err
+
+
 class Tracker:
     def __init__(self, folder: str | Path, backend: str, run_name: str, config: Any) -> None:
         self.folder = Path(folder)
@@ -32,6 +49,7 @@ class Tracker:
         if backend == "wandb":
             import wandb
 
+            check_wandb()
             self.wandb = wandb.init(
                 project=os.environ.get("WANDB_PROJECT", "draftsmith"),
                 name=run_name,

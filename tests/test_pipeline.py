@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -261,6 +263,26 @@ def test_an_export_format_the_head_lacks_is_refused_before_anything_runs(tmp_pat
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
     nothing = run(compose([*overrides, "format=native", "stages=[]"]))
     assert [r["status"] for r in nothing["stages"]] == ["not selected"] * 5
+
+
+def test_online_wandb_without_credentials_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&B itself raises only when training starts its run, after prepare and collect. The
+    command runs in its own process, as a user's would: W&B keeps credentials per process, and
+    other tests' runs have been here."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    runs = tmp_path / "runs"
+    command = ["run", f"runs_dir={runs}", "experiment=tiny", "tracking=wandb"]
+    done = subprocess.run(
+        [sys.executable, "-m", "draftsmith.cli", *command], capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert re.search("tracking=wandb logs online.*WANDB_MODE=offline", done.stderr)
+    assert not (runs / "tiny" / "prepare").exists()  # (Hydra's own .hydra/ files are there)
 
 
 def test_a_training_stopped_early_is_not_reported_done(tmp_path: Path, monkeypatch) -> None:
