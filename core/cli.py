@@ -48,6 +48,11 @@ def _load(stage: str) -> Callable:
     return getattr(importlib.import_module(module), func)
 
 
+def _is_override(arg: str) -> bool:
+    """`key=value` (Hydra's positionals), not a flag (`-m`) or a flag's value (`--cfg job`)."""
+    return "=" in arg and not arg.startswith("-")
+
+
 def run_stage(stage: str, overrides: list[str]) -> None:
     """Run one stage as a Hydra app with the given command-line overrides."""
     import hydra
@@ -69,8 +74,8 @@ def run_stage(stage: str, overrides: list[str]) -> None:
     # Hydra's argparse takes its overrides (positionals) in one run, so `a=1 -m b=1,2` would
     # leave b=1,2 unrecognised: every override goes first, stage= with them, then the flags
     # (-m, --cfg job, ...) in the order given
-    keys = [a for a in overrides if "=" in a and not a.startswith("-")]
-    flags = [a for a in overrides if not ("=" in a and not a.startswith("-"))]
+    keys = [a for a in overrides if _is_override(a)]
+    flags = [a for a in overrides if not _is_override(a)]
     sys.argv = [f"draftsmith {stage}", f"stage={stage}", *keys, *flags]
     app()
 
