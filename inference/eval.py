@@ -565,27 +565,15 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
     return tag + ("-compiled" if cfg.eval.compile else "")
 
 
-# what an eval's numbers depend on beyond its folder's name (eval.heads, eval.workers and the
-# tag only place or split the same measurement)
-MEASURED = (
-    "benchmark",
-    "limit",
-    "turns",
-    "max_new_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "baselines",
-    "lookup_tokens",
-    "draft_vocab_size",
-    "compile",
-)
+# eval keys that only place or split the same measurement; every other one (and every tree
+# key) is a setting the numbers depend on
+NOT_MEASURED = ("tag", "heads", "workers")
 
 
 def changed_settings(recorded: dict, cfg: Config, tree: TreeSpec) -> list[str]:
     """Each eval or tree setting an earlier results.json (`recorded`) was measured with that
     this eval's differs in, as "key: before -> now" (`differences`)."""
-    now = {f"eval.{k}": v for k, v in vars(cfg.eval).items() if k in MEASURED}
+    now = {f"eval.{k}": v for k, v in vars(cfg.eval).items() if k not in NOT_MEASURED}
     now |= {f"tree.{k}": v for k, v in vars(tree).items()}
     before = {f"eval.{k}": v for k, v in recorded["eval"].items()}
     before |= {f"tree.{k}": v for k, v in recorded["tree"].items()}
