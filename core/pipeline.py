@@ -67,9 +67,7 @@ def run(cfg: Config) -> dict:
         stages.pop("collect")
     # before anything runs: a finished output made with other settings is not this run's (the
     # prepared data and features `inputs_from` names are read as that run made them)
-    for name in ("prepare", "collect", "train"):
-        if name in ("prepare", "collect") and cfg.inputs_from:
-            continue
+    for name in ("train",) if cfg.inputs_from else ("prepare", "collect", "train"):
         if name in stages and _done(stage_cfg := _stage_config(cfg, name), name):
             check_unchanged(stage_cfg, name)
     if cfg.tracking == "wandb":

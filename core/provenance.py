@@ -23,6 +23,12 @@ from draftsmith.files import write_text_atomic
 from draftsmith.target import chat_template_digest
 
 RECORD = "settings.json"
+# collect's settings under the names its index.json gives them
+COLLECT_INDEX = {
+    "target.path": "target_path",
+    "dtype": "compute_dtype",
+    "collect.storage_dtype": "storage_dtype",
+}
 
 # keys of a stage's sections that do not change what it writes (how fast, how often, where logged)
 IGNORED = {
@@ -65,7 +71,7 @@ def _flat(prefix: str, section: Any) -> dict[str, Any]:
 
 
 def stage_settings(cfg: Config, stage: str) -> dict[str, Any]:
-    """The settings `stage`'s output depends on, flattened, as JSON would store them."""
+    """The settings `stage`'s output depends on, flattened to "section.key" names."""
     target = {"target.path": cfg.target.path}
     if stage == "prepare":
         data = _flat("data", cfg.data)
@@ -112,9 +118,7 @@ def _recorded(folder: Path, stage: str) -> dict[str, Any] | None:
         if not index.exists():
             return None
         i = json.loads(index.read_text())
-        names = {"target.path": "target_path", "dtype": "compute_dtype"}
-        names["collect.storage_dtype"] = "storage_dtype"
-        return {key: i[name] for key, name in names.items() if name in i}
+        return {key: i[name] for key, name in COLLECT_INDEX.items() if name in i}
     path = folder / RECORD
     return json.loads(path.read_text()) if path.exists() else None
 
