@@ -43,6 +43,11 @@ def _done(cfg: Config, stage: str) -> bool:
     return Path(cfg.export.out or f"{cfg.stage_dir('export')}/{cfg.export.format}").exists()
 
 
+def _resumable(cfg: Config, stage: str) -> bool:
+    """A training killed (or time-boxed) after a checkpoint: `draftsmith run` continues it."""
+    return stage == "train" and Path(cfg.stage_dir("train"), "checkpoints", "latest").exists()
+
+
 def _stage_config(cfg: Config, stage: str) -> Config:
     stage_cfg = dataclasses.replace(cfg, stage=stage)
     if stage in ("prepare", "collect") and cfg.inputs_from:
@@ -65,10 +70,12 @@ def run(cfg: Config) -> dict:
     }
     if cfg.train.source == "online":
         stages.pop("collect")
-    # before anything runs: a finished output made with other settings is not this run's (the
-    # prepared data and features `inputs_from` names are read as that run made them)
+    # before anything runs: a finished output (or a training to resume) made with other settings
+    # is not this run's (the prepared data and features `inputs_from` names are read as that run
+    # made them)
     for name in ("train",) if cfg.inputs_from else ("prepare", "collect", "train"):
-        if name in stages and _done(stage_cfg := _stage_config(cfg, name), name):
+        stage_cfg = _stage_config(cfg, name)
+        if name in stages and (_done(stage_cfg, name) or _resumable(stage_cfg, name)):
             check_unchanged(stage_cfg, name)
     if cfg.tracking == "wandb":
         check_wandb()
@@ -96,7 +103,7 @@ def run(cfg: Config) -> dict:
             seconds = _timings(stage_cfg).get(_timing_key(stage_cfg, name))
             rows.append({"stage": name, "status": "already complete", "seconds": seconds})
             continue
-        if name == "train" and Path(cfg.stage_dir("train"), "checkpoints", "latest").exists():
+        if _resumable(stage_cfg, name):
             stage_cfg = dataclasses.replace(stage_cfg, resume=True)  # continue a killed run
         t0 = time.perf_counter()
         result = fn(stage_cfg)

@@ -1,9 +1,11 @@
 """What a finished stage's output was made from, so it is never taken for one made with other
-settings: prepare and train write `<stage dir>/settings.json` when they complete; collect's
-index.json records its own (target, dtypes).
+settings: prepare writes `<stage dir>/settings.json` when it completes, train when it starts
+(so a training killed mid-way is resumed only with the settings its checkpoints were made with);
+collect's index.json records its own (target, dtypes).
 
-`draftsmith run` skips a stage whose output is complete, and prepare skips itself the same way;
-before either does, `check_unchanged` compares the recorded settings with this invocation's and
+`draftsmith run` skips a stage whose output is complete (and resumes a training that has a
+checkpoint), and prepare skips itself the same way; before either does, and before a training
+resumes, `check_unchanged` compares the recorded settings with this invocation's and
 refuses a difference, naming the keys (e.g. `data.limit: 800 -> 2000` after a quick run: the
 output would otherwise be reported as this invocation's). Only what changes the output counts:
 cadence, batching and worker counts do not. Outputs made before records were kept, or by a stage
@@ -106,8 +108,8 @@ def stage_settings(cfg: Config, stage: str) -> dict[str, Any]:
 
 
 def record(cfg: Config, stage: str, settings: dict[str, Any] | None = None) -> None:
-    """Write what prepare's or train's finished output was made from into its folder
-    (`settings`: taken when the stage began; building a head fills defaults into cfg.head)."""
+    """Write what prepare's or train's output is made from into its folder (`settings`: taken
+    when the stage began; building a head fills defaults into cfg.head)."""
     settings = stage_settings(cfg, stage) if settings is None else settings
     write_text_atomic(Path(cfg.stage_dir(stage), RECORD), json.dumps(settings, indent=2))
 
@@ -130,13 +132,15 @@ def differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return [f"{k}: {before[k]} -> {v}" for k, v in now.items() if k in before and before[k] != v]
 
 
-def check_unchanged(cfg: Config, stage: str) -> None:
-    """Refuse to take `stage`'s finished output as this invocation's when it was made with other
-    settings (nothing recorded: not checked)."""
+def check_unchanged(cfg: Config, stage: str, now: dict[str, Any] | None = None) -> None:
+    """Refuse to take `stage`'s output (finished, or a training's checkpoints) as this
+    invocation's when it was made with other settings than `now` (default: cfg's); nothing
+    recorded: not checked."""
     folder = Path(cfg.stage_dir(stage))
-    before, now = _recorded(folder, stage), stage_settings(cfg, stage)
+    before = _recorded(folder, stage)
     if before is None:
         return
+    now = stage_settings(cfg, stage) if now is None else now
     if changes := differences(before, now):
         # another head or budget on the same data needs no new preparation or collection
         reuse = f" (inputs_from={cfg.run_name} reuses its data and features)" * (stage == "train")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -13,6 +14,7 @@ import pytest
 
 from draftsmith.config import compose
 from draftsmith.pipeline import _markdown, run
+from draftsmith.provenance import record
 
 
 def test_run_end_to_end_then_skips(
@@ -309,9 +311,20 @@ def test_resumed_training_reports_its_whole_time(tmp_path: Path, monkeypatch) ->
     the steps it kept, plus its own (the stage minutes of `draftsmith run` and the results)."""
     from draftsmith.train import loop
 
-    monkeypatch.setattr(loop, "run", lambda cfg: {"steps": 8, "seconds_before_resume": 600.0})
-    cfg = compose([f"runs_dir={tmp_path}", "experiment=tiny", "stages=[train]", "tracking=none"])
-    (tmp_path / "tiny").mkdir()  # the real stage makes its run's folder
+    def resumed(cfg):
+        assert cfg.resume  # continued from the checkpoint, not started again
+        return {"steps": 8, "seconds_before_resume": 600.0}
+
+    monkeypatch.setattr(loop, "run", resumed)
+    common = [f"runs_dir={tmp_path}", "experiment=tiny", "stages=[train]", "tracking=none"]
+    cfg = compose(common)
+    # a training killed after a checkpoint: its settings recorded when it began
+    (tmp_path / "tiny" / "train" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "tiny" / "train" / "checkpoints" / "latest").write_text("step4")
+    record(dataclasses.replace(cfg, stage="train"), "train")
+    # other settings would go on from its checkpoints: refused before anything runs
+    with pytest.raises(ValueError, match=r"train.lr: .* -> 0.5.*delete"):
+        run(compose([*common, "train.lr=0.5"]))
     (train,) = [r for r in run(cfg)["stages"] if r["stage"] == "train"]
     recorded = json.loads((tmp_path / "tiny" / "stage_seconds.json").read_text())["train"]
     assert train["status"] == "done" and 600.0 <= train["seconds"] == recorded < 660.0

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from unittest.mock import Mock
 
 import pytest
 import torch
@@ -70,7 +71,9 @@ def test_tiny_head_overfits(run_overrides) -> None:
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_resume_continues_the_loss_curve_exactly(run_overrides, optimizer: str) -> None:
+def test_resume_continues_the_loss_curve_exactly(
+    run_overrides, optimizer: str, monkeypatch
+) -> None:
     """Also for Muon, whose momentum buffers the checkpoint must carry."""
     base = run_overrides[: -len(HEAD)]
     common = [
@@ -87,6 +90,11 @@ def test_resume_continues_the_loss_curve_exactly(run_overrides, optimizer: str) 
     full, cut = f"full_{optimizer}", f"cut_{optimizer}"
     whole = loop.run(compose([*common, f"run_name={full}", "inputs_from=t"]))
     first = loop.run(compose([*common, f"run_name={cut}", "inputs_from=t", "train.stop_after=4"]))
+    # its checkpoints go on only with the settings they were made with (time-boxing aside)
+    with pytest.raises(ValueError, match=r"train.lr: 0.003 -> 0.001"):
+        loop.run(
+            compose([*common, f"run_name={cut}", "inputs_from=t", "resume=true", "train.lr=1e-3"])
+        )
     second = loop.run(compose([*common, f"run_name={cut}", "inputs_from=t", "resume=true"]))
     full, cut = losses(runs_dir(run_overrides), full), losses(runs_dir(run_overrides), cut)
     assert sorted(cut) == list(range(1, 9))
@@ -94,6 +102,14 @@ def test_resume_continues_the_loss_curve_exactly(run_overrides, optimizer: str) 
     # the resumed run carries the first invocation's training seconds (its reported minutes)
     assert whole["seconds_before_resume"] == first["seconds_before_resume"] == 0.0
     assert first["stopped_early"] and second["seconds_before_resume"] > 0.0
+    # trained again from scratch and killed before its first checkpoint: neither a finished
+    # training nor one to resume from the earlier training's checkpoints
+    out = Path(runs_dir(run_overrides), f"cut_{optimizer}", "train")
+    assert (out / "summary.json").exists() and (out / "checkpoints" / "latest").exists()
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(loop, "train_step", Mock(side_effect=KeyboardInterrupt))
+        loop.run(compose([*common, f"run_name=cut_{optimizer}", "inputs_from=t"]))
+    assert not (out / "summary.json").exists() and not (out / "checkpoints" / "latest").exists()
 
 
 def test_muon_orthogonalizes_the_matrix_updates(run_overrides) -> None:

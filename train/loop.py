@@ -34,7 +34,7 @@ from draftsmith.heads import (
 )
 from draftsmith.heads.base import simulated_tau
 from draftsmith.heads.vocab import answer_token_counts
-from draftsmith.provenance import record, stage_settings
+from draftsmith.provenance import check_unchanged, record, stage_settings
 from draftsmith.target import load_target, target_name
 from draftsmith.tracking import Tracker
 from draftsmith.train import engine as ds
@@ -143,6 +143,8 @@ def setup(cfg: Config, rank: int):
 
 def run(cfg: Config) -> dict:
     settings = stage_settings(cfg, "train")  # as asked: building the head fills in its defaults
+    if cfg.resume:  # its checkpoints go on only with the settings they were made with
+        check_unchanged(cfg, "train", settings)
     rank, world = ds.init_distributed(cfg.device)
     out = Path(cfg.stage_dir("train"))
     target, head, sources, make_batch_for = setup(cfg, rank)
@@ -180,6 +182,13 @@ def run(cfg: Config) -> dict:
         step, best = state["step"], state["best"]
         earlier = state.get("seconds", 0.0)  # checkpoints before session 35 lack it
         restore_rng(state["rng"][rank])
+    elif rank == 0:  # before the first checkpoint, so a resume can be checked against it
+        out.mkdir(parents=True, exist_ok=True)
+        record(cfg, "train", settings)
+        # an earlier training's summary would mark this one finished if it were killed, and its
+        # checkpoints would be resumed as this one's
+        for stale in (out / "summary.json", ckpt / "latest"):
+            stale.unlink(missing_ok=True)
     tracker = Tracker(out, cfg.tracking, cfg.run_name, cfg) if rank == 0 else None
     bar = tqdm(total=total, initial=step, desc=f"train {head.name}", disable=rank != 0)
     window: dict[str, float] = {}
@@ -247,7 +256,6 @@ def run(cfg: Config) -> dict:
         "seconds_before_resume": earlier,
     }
     if rank == 0:
-        record(cfg, "train", settings)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_training(out / "metrics.jsonl", out / "training.png")
         tracker.artifact(out / "head", f"{cfg.run_name}-{head.name}")
