@@ -6,6 +6,7 @@ values. Field comments are the documentation Hydra users see when they open the 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -409,6 +410,12 @@ class Config:
 
     def resolved_head_path(self) -> str:
         return self.head_path or f"{self.stage_dir('train')}/head"
+
+    def imports_head(self) -> bool:
+        """`head_path` names a head other than this run's trained one (imported, exported,
+        another run's), so its evals are not this run's head's."""
+        own = os.path.normpath(f"{self.stage_dir('train')}/head")
+        return self.head_path is not None and os.path.normpath(self.head_path) != own
 
     def input_dir(self, stage: str) -> str:
         """Where a stage's *inputs* from an earlier stage live (see `inputs_from`)."""

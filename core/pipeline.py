@@ -38,7 +38,7 @@ def _done(cfg: Config, stage: str) -> bool:
         # measured with this invocation's settings, not only into the folder they name
         results = Path(cfg.stage_dir("eval"), eval_tag(cfg), "results.json")
         return results.exists() and not changed_settings(
-            json.loads(results.read_text()), cfg, cfg.tree
+            json.loads(results.read_text()), cfg, cfg.tree, cfg.resolved_head_path()
         )
     return Path(cfg.export.out or f"{cfg.stage_dir('export')}/{cfg.export.format}").exists()
 

@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import multiprocessing
+import os
 import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -560,6 +561,9 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
             tag += f"-new{e.max_new_tokens}"
         if e.temperature > 0 and (e.top_p, e.top_k) != (protocol.top_p, protocol.top_k):
             tag += f"-p{e.top_p:g}-k{e.top_k}"
+        if cfg.imports_head():  # another head's results never replace the run's own head's
+            head = os.path.normpath(cfg.head_path)
+            tag += f"-head{hashlib.sha256(head.encode()).hexdigest()[:8]}"
     vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
     tag = f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
     return tag + ("-compiled" if cfg.eval.compile else "")
@@ -570,19 +574,23 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
 NOT_MEASURED = ("tag", "heads", "workers")
 
 
-def changed_settings(recorded: dict, cfg: Config, tree: TreeSpec) -> list[str]:
-    """Each eval or tree setting an earlier results.json (`recorded`) was measured with that
-    this eval's differs in, as "key: before -> now" (`differences`)."""
+def changed_settings(recorded: dict, cfg: Config, tree: TreeSpec, head_path: str) -> list[str]:
+    """Each eval or tree setting (and the head) an earlier results.json (`recorded`) was measured
+    with that this eval's differs in, as "key: before -> now" (`differences`)."""
     now = {f"eval.{k}": v for k, v in vars(cfg.eval).items() if k not in NOT_MEASURED}
     now |= {f"tree.{k}": v for k, v in vars(tree).items()}
+    now["head.path"] = os.path.normpath(head_path)
     before = {f"eval.{k}": v for k, v in recorded["eval"].items()}
     before |= {f"tree.{k}": v for k, v in recorded["tree"].items()}
+    before["head.path"] = os.path.normpath(recorded["head"]["path"])
     return differences(before, now)
 
 
 def results_dir(cfg: Config, run: str, tree: TreeSpec, draft_vocab: int) -> Path:
     """runs/<run>/eval/<tag>: where this eval writes `run`'s results (`draft_vocab` 0: the
     head's own vocabulary)."""
+    if run != cfg.run_name:  # an `eval.heads` run decodes its own head
+        cfg = dataclasses.replace(cfg, head_path=None)
     return Path(cfg.runs_dir, run, "eval", Path(eval_tag(cfg, tree, draft_vocab)).name)
 
 
@@ -594,7 +602,7 @@ def run(cfg: Config) -> dict:
         tree = TreeSpec(**r["tree"])
         out = results_dir(cfg, run_name, tree, r["draft_vocab_size"])
         if (old := out / "results.json").exists() and (
-            changes := changed_settings(json.loads(old.read_text()), cfg, tree)
+            changes := changed_settings(json.loads(old.read_text()), cfg, tree, r["head"]["path"])
         ):
             print(f"{out}: replacing results measured with other settings ({'; '.join(changes)})")
         write_report(r, out)

@@ -209,6 +209,10 @@ def test_eval_folder_names_the_settings_and_stays_under_the_run() -> None:
     choices = ["tree=static", "tree.choices=[[0],[1],[0,0]]"]
     assert re.search(r"-static-d2-n4-choices[0-9a-f]{8}-T0-", eval_tag(compose(choices)))
     assert eval_tag(compose(choices)) != eval_tag(compose([*choices[:1], "tree.choices=[[0]]"]))
+    # a head other than the run's own (imported, another run's) is named by its path's digest
+    assert eval_tag(compose(["head_path=runs/default/train/head/"])) == eval_tag(compose())
+    other = eval_tag(compose(["head_path=yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"]))
+    assert re.fullmatch(r"mt-bench-dynamic-d\d+-k\d+-n\d+-head[0-9a-f]{8}-T0-float32", other)
 
 
 def test_deepspeed_half_precision_modes_are_refused() -> None:

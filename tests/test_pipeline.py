@@ -101,6 +101,16 @@ def test_run_end_to_end_then_skips(
     table = out / "eval" / "summary.md"
     assert f"all 2 evals of this run: {table}" in (out / "summary.md").read_text()
     assert len(table.read_text().splitlines()) == 4  # header, rule, both evals
+    # another head (its export, imported) evaluated in this run: its results go to their own
+    # folder, never replacing this run's head's, and under a shared eval.tag the replacement
+    # names the head
+    imported = [*overrides, f"head_path={out}/export/sglang", "eval.baselines=[]"]
+    evaluate.run(compose([*imported, "tracking=none"]))
+    assert len(list((out / "eval").glob("heldout-*-limit3-new16-head*-T0-float32"))) == 1
+    assert [r["status"] for r in run(compose(overrides))["stages"]] == ["already complete"] * 5
+    capsys.readouterr()
+    evaluate.run(compose([*imported, "eval.tag=chain", "tree=chain", "tracking=none"]))
+    assert re.search(r"head.path: .*/tiny/train/head -> .*/export/sglang", capsys.readouterr().out)
 
     # another head on the same prepared data and features: nothing is prepared or collected again
     medusa = [o for o in overrides if o.split("=")[0] not in ("head.draft_vocab_size", "export")]
