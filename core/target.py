@@ -35,6 +35,19 @@ def native_dtype(device: str) -> str:
     return "float32"
 
 
+def check_device(device: str) -> None:
+    """Refuse a CUDA device this torch cannot reach before anything loads (torch's own error, an
+    AssertionError deep in a stage, does not name the setting)."""
+    if not device.startswith("cuda"):
+        return
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():  # 0 on a CPU build or without a visible GPU
+        raise RuntimeError(
+            f"device={device}: torch {torch.__version__} sees {torch.cuda.device_count()} CUDA "
+            "devices (a CPU build, or none visible); pass device=cpu"
+        )
+
+
 def cache_kwarg(model: torch.nn.Module) -> str:
     """The keyword a causal LM's forward takes its KV cache by. Recent transformers (5.24
     here) renamed `past_key_values` to `cache` (the old name warns and goes in 5.40); older
@@ -178,6 +191,7 @@ def load_target(
     """
     from transformers import AutoConfig
 
+    check_device(device)
     path = resolve_target_path(name_or_path)
     local = os.path.isdir(path)
     try:

@@ -12,6 +12,7 @@ from draftsmith.assets import AssetError
 from draftsmith.features import FeatureCapture
 from draftsmith.target import compile_target, load_target, load_tokenizer
 from draftsmith.tiny import TINY_NAME
+from draftsmith.train.engine import init_distributed
 
 
 def test_tiny_target_is_deterministic(make_tiny, tiny_target_dir: Path) -> None:
@@ -85,6 +86,16 @@ def test_uncached_asset_names_the_command(tmp_path: Path, monkeypatch: pytest.Mo
         load_target("smollm2-135m-instruct")
     with pytest.raises(AssetError, match="data, not a target"):
         load_tokenizer("sharegpt")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine reaches device=cuda")
+def test_an_unreachable_cuda_device_names_the_setting() -> None:
+    with pytest.raises(
+        RuntimeError, match=r"device=cuda: torch .* sees 0 CUDA devices.*device=cpu"
+    ):
+        load_target("tiny-random-llama", device="cuda")
+    with pytest.raises(RuntimeError, match=r"device=cuda:0: torch .* sees 0 CUDA devices"):
+        init_distributed("cuda")  # training's first step, before any target loads
 
 
 def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:

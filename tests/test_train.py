@@ -373,6 +373,7 @@ def test_each_cuda_rank_takes_its_own_gpu(monkeypatch) -> None:
     monkeypatch.setattr(dist, "get_rank", lambda: 3)
     monkeypatch.setattr(dist, "get_world_size", lambda: 4)
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.setdefault("gpu", index))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(
         deepspeed,
         "init_distributed",

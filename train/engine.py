@@ -20,6 +20,7 @@ import torch
 
 from draftsmith.conf.schema import Config
 from draftsmith.files import write_text_atomic
+from draftsmith.target import check_device
 
 
 def init_distributed(device: str) -> tuple[int, int]:
@@ -27,6 +28,8 @@ def init_distributed(device: str) -> tuple[int, int]:
     import deepspeed
     import torch.distributed as dist
 
+    if device.startswith("cuda"):  # this rank's GPU, before anything joins or loads
+        check_device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
     if not dist.is_initialized():
         if "RANK" not in os.environ:  # a plain single process
             os.environ.update(
