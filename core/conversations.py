@@ -154,6 +154,10 @@ class RowError(ValueError):
     """A row that cannot become a conversation; the message is the reason."""
 
 
+class UnknownFormat(RowError):
+    """A row with none of the keys any reader knows."""
+
+
 def _json_text(value: Any, error: str) -> Any:
     """`value`, or the JSON it holds when it is text (CSV and Arrow columns hold lists as text;
     OpenAI's tool-call arguments are JSON text); RowError `error` if that text is not JSON."""
@@ -306,7 +310,7 @@ def parse_row(row: Any, index: int) -> Conversation:
     elif "text" in row:
         turns = [Turn("user", _text(row, "text"))]
     else:
-        raise RowError(f"unknown format: keys {sorted(row)[:6]}")
+        raise UnknownFormat(f"unknown format: keys {sorted(row)[:6]}")
     if not turns or all(not t.content.strip() and not t.tool_calls for t in turns):
         raise RowError("empty conversation")
     category = row.get("category")
@@ -383,7 +387,28 @@ def _iter_records(path: Path, report: ReadReport):
         # one value per line: JSON Lines under a .json name (many hub datasets' files are)
         yield from _json_lines(text.splitlines())
         return
-    yield record
+    yield from _unwrapped(record, path)
+
+
+def _unwrapped(record: Any, path: Path) -> list:
+    """A file's one JSON object: a conversation, or an object holding the rows under one key
+    ({"data": [...], "version": ...}, as `datasets`' `field=` reads), which yields them."""
+    try:
+        parse_row(record, 0)
+        return [record]
+    except UnknownFormat:
+        pass
+    except RowError:  # a conversation with a fault: reported as the row it is
+        return [record]
+    lists = [k for k, v in record.items() if isinstance(v, list) and v and _all_objects(v)]
+    if len(lists) != 1:  # none, or no telling which: reported as the row it is
+        return [record]
+    print(f"{path}: reading the {len(record[lists[0]])} rows under its key {lists[0]!r}")
+    return record[lists[0]]
+
+
+def _all_objects(values: list) -> bool:
+    return all(isinstance(v, dict) for v in values)
 
 
 def _iter_dataset(source: str, data_files: str | None = None):

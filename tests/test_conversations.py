@@ -62,6 +62,25 @@ def test_complete_sharegpt_and_limit(tmp_path: Path) -> None:
     assert [c.id for c in convs] == ["a"]
 
 
+def test_a_json_object_holding_its_rows_under_one_key_is_read_as_those_rows(
+    tmp_path: Path,
+) -> None:
+    """As `datasets`' `field=` reads {"data": [...]}: the rows under the one key holding a list of
+    objects. One conversation object, sound or faulty, stays one row; two such keys are no
+    telling which, so the object is the unknown row it is."""
+    path = tmp_path / "wrapped.json"
+    path.write_text(json.dumps({"version": "1.0", "data": SHAREGPT}))
+    convs, report = read_conversations(str(path))
+    assert [c.id for c in convs] == ["a", "b", "f"] and report.rows_seen == len(SHAREGPT)
+    bad = {"id": "x", "messages": [{"role": "narrator", "content": "c"}]}
+    path.write_text(json.dumps(bad))
+    convs, report = read_conversations(str(path))
+    assert not convs and report.skipped == {"unknown role": 1}
+    path.write_text(json.dumps({"train": SHAREGPT, "test": SHAREGPT}))
+    convs, report = read_conversations(str(path))
+    assert not convs and report.skipped == {"unknown format": 1}
+
+
 def test_openai_messages_jsonl_with_bad_lines(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     rows = [
