@@ -59,12 +59,12 @@ def _stage_config(cfg: Config, stage: str) -> Config:
 def run(cfg: Config) -> dict:
     from draftsmith import export
     from draftsmith.inference import eval as evaluate
-    from draftsmith.train import collect, loop, prepare
+    from draftsmith.train import collect, launch, prepare
 
     stages = {
         "prepare": prepare.run,
         "collect": collect.run,
-        "train": loop.run,
+        "train": launch.run,  # in this process, or under DeepSpeed's launcher (launcher=)
         "eval": evaluate.run,
         "export": export.run,
     }

@@ -256,16 +256,26 @@ def _clean_env() -> dict[str, str]:
     "optimizer", [["deepspeed=zero2"], ["deepspeed=zero0", "train.optimizer=muon"]]
 )
 def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str]) -> None:
+    """The 2 ranks launched by `draftsmith train`, and (ZeRO 2) by `draftsmith run`'s train
+    stage, which reports the launched training's steps."""
     common = [*run_overrides, *optimizer, "train.max_steps=3", "train.save_every=1000"]
-    cli = [sys.executable, "-m", "draftsmith.cli", "train"]
-    for extra in (
-        ["run_name=one", "inputs_from=t", "train.grad_accum=2"],
-        ["run_name=two", "inputs_from=t", "launcher=deepspeed", "nproc=2"],
+    cli = [sys.executable, "-m", "draftsmith.cli"]
+    launched = ["run", "stages=[train]"] if "deepspeed=zero2" in optimizer else ["train"]
+    for command, extra in (
+        (["train"], ["run_name=one", "inputs_from=t", "train.grad_accum=2"]),
+        (launched, ["run_name=two", "inputs_from=t", "launcher=deepspeed", "nproc=2"]),
     ):
         result = subprocess.run(
-            [*cli, *common, *extra], env=_clean_env(), capture_output=True, text=True, timeout=600
+            [*cli, *command, *common, *extra],
+            env=_clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert result.returncode == 0, result.stderr[-3000:]
+    if launched[0] == "run":
+        summary = json.loads(Path(runs_dir(run_overrides), "two", "summary.json").read_text())
+        assert summary["train"]["steps"] == 3
     root = Path(runs_dir(run_overrides))
     one = load_file(str(root / "one/train/head/model.safetensors"))
     two = load_file(str(root / "two/train/head/model.safetensors"))
