@@ -114,6 +114,8 @@ class DataConfig:
     path: str = MISSING
     # keep at most this many valid conversations (null = all)
     limit: int | None = None
+    # a dataset's split (hub id or saved folder): null = "train", or its first if it has none
+    split: str | None = None
     # "auto" = the tokenizer's chat template; "plain" = role-prefixed text for template-less models
     template: str = "auto"
     # longest tokenized conversation kept, in tokens

@@ -411,9 +411,10 @@ def _all_objects(values: list) -> bool:
     return all(isinstance(v, dict) for v in values)
 
 
-def _iter_dataset(source: str, data_files: str | None = None):
+def _iter_dataset(source: str, data_files: str | None = None, split: str | None = None):
     """Rows of a saved dataset folder, or of `datasets.load_dataset(source, data_files=...)`
-    (a hub id, a folder of data files, or a builder name such as "parquet" with its files)."""
+    (a hub id, a folder of data files, or a builder name such as "parquet" with its files):
+    its `split`, by default "train" or, without one, its first (printed when it has several)."""
     import datasets
 
     if data_files is not None:
@@ -423,7 +424,14 @@ def _iter_dataset(source: str, data_files: str | None = None):
     else:
         ds = datasets.load_dataset(source)
     if isinstance(ds, datasets.DatasetDict):
-        ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+        if split is not None and split not in ds:
+            raise ValueError(f"{source}: data.split={split}: no such split (it has {list(ds)})")
+        name = split or ("train" if "train" in ds else next(iter(ds)))
+        if len(ds) > 1:
+            print(f"{source}: reading split {name!r} of {list(ds)} (data.split picks another)")
+        ds = ds[name]
+    elif split is not None:
+        raise ValueError(f"{source}: data.split={split}: a dataset of one split has no other")
     yield from ds
 
 
@@ -432,9 +440,10 @@ _DATASET_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
 def read_conversations(
-    source: str, limit: int | None = None
+    source: str, limit: int | None = None, split: str | None = None
 ) -> tuple[list[Conversation], ReadReport]:
-    """Read up to `limit` valid conversations from a file, folder, HF dataset or asset name."""
+    """Read up to `limit` valid conversations from a file, folder, HF dataset (its `split`) or
+    asset name."""
     path = asset_path(source) if source in ASSETS else Path(source)
     report = ReadReport(source=str(source))
     files = (
@@ -445,13 +454,16 @@ def read_conversations(
         else []
     )
     has_json = any(p.name.endswith(_JSON_SUFFIXES) for p in files)
+    loose = path.is_file() or (has_json and not any((path / f).exists() for f in _DATASET_MARKERS))
+    if split is not None and loose:
+        raise ValueError(f"data.split={split}: {source} is files, which have no splits")
     if path.is_file():
         records = _iter_records(path, report)
-    elif has_json and not any((path / f).exists() for f in _DATASET_MARKERS):
+    elif loose:
         # loose files, JSON among them: each file read in name order, Parquet/Arrow/CSV too
         records = (r for p in files for r in _iter_records(p, report))
     else:  # a saved dataset, a folder of Parquet/Arrow/CSV files (datasets finds them), a hub id
-        records = _iter_dataset(str(path) if path.is_dir() else str(source))
+        records = _iter_dataset(str(path) if path.is_dir() else str(source), split=split)
     conversations: list[Conversation] = []
     for index, record in enumerate(records):
         if limit is not None and len(conversations) >= limit:

@@ -131,6 +131,29 @@ def test_hf_dataset_on_disk(tmp_path: Path) -> None:
     assert report.rows_kept == 1 and convs[0].turns[1].content == "hi"
 
 
+def test_a_dataset_split_is_picked_by_data_split(tmp_path: Path, capsys) -> None:
+    """UltraChat-style splits without a "train": the first unless `split` names one (printed),
+    an unknown split named with the ones there are, and files have no splits to pick."""
+    import datasets
+
+    def split(answer: str) -> datasets.Dataset:
+        rows = [{"prompt": "q", "response": answer}]
+        return datasets.Dataset.from_list(rows)
+
+    splits = datasets.DatasetDict({"train_sft": split("sft"), "test_sft": split("test")})
+    splits.save_to_disk(str(tmp_path / "ds"))
+    convs, _ = read_conversations(str(tmp_path / "ds"))
+    assert convs[0].turns[1].content == "sft"
+    assert "reading split 'train_sft' of ['train_sft', 'test_sft']" in capsys.readouterr().out
+    convs, _ = read_conversations(str(tmp_path / "ds"), split="test_sft")
+    assert convs[0].turns[1].content == "test"
+    with pytest.raises(ValueError, match=r"no such split \(it has \['train_sft', 'test_sft'\]"):
+        read_conversations(str(tmp_path / "ds"), split="train")
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
+    with pytest.raises(ValueError, match="data.split=train: .*chat.jsonl is files"):
+        read_conversations(str(tmp_path / "chat.jsonl"), split="train")
+
+
 def test_parquet_csv_files_and_a_folder_of_them(tmp_path: Path) -> None:
     import datasets
 

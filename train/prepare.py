@@ -90,7 +90,7 @@ def run(cfg: Config) -> dict:
         return json.loads((out / "stats.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
     d = cfg.data
-    conversations, report = read_conversations(d.path, limit=d.limit)
+    conversations, report = read_conversations(d.path, limit=d.limit, split=d.split)
     print(report.summary())
     random.Random(cfg.seed).shuffle(conversations)
     heldout_count = min(d.heldout, max(len(conversations) // 10, 1))

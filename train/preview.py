@@ -24,7 +24,7 @@ MARKS = {False: ("⟦", "⟧"), True: ("\033[42m", "\033[0m")}  # by whether `ou
 def run(cfg: Config, out: TextIO | None = None) -> dict:
     """Print the preview to `out` (stdout); returns {id: learned tokens, or the skip reason}."""
     out = out or sys.stdout
-    conversations, report = read_conversations(cfg.data.path, limit=cfg.data.preview)
+    conversations, report = read_conversations(cfg.data.path, cfg.data.preview, cfg.data.split)
     renderer = conversation_renderer(cfg)
     start, end = MARKS[out.isatty()]
     print(report.summary(), file=out)
