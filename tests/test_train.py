@@ -3,13 +3,13 @@ non-finite losses."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from unittest.mock import Mock
 
 import pytest
 import torch
@@ -95,9 +95,15 @@ def test_resume_continues_the_loss_curve_exactly(
         loop.run(
             compose([*common, f"run_name={cut}", "inputs_from=t", "resume=true", "train.lr=1e-3"])
         )
-    second = loop.run(compose([*common, f"run_name={cut}", "inputs_from=t", "resume=true"]))
+    resumed = [*common, f"run_name={cut}", "inputs_from=t", "resume=true"]
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        killed_at(m, 3)  # step 7: steps 5 and 6 logged past the checkpoint of step 4
+        loop.run(compose(resumed))
+    second = loop.run(compose(resumed))  # from step 4 again
+    metrics = Path(runs_dir(run_overrides), cut, "train", "metrics.jsonl").read_text()
+    logged = [json.loads(line)["step"] for line in metrics.splitlines() if "train/loss" in line]
+    assert logged == list(range(1, 9))  # one curve: steps 5 and 6 not twice
     full, cut = losses(runs_dir(run_overrides), full), losses(runs_dir(run_overrides), cut)
-    assert sorted(cut) == list(range(1, 9))
     assert [cut[s] for s in range(1, 9)] == [full[s] for s in range(1, 9)]
     # the resumed run carries the first invocation's training seconds (its reported minutes)
     assert whole["seconds_before_resume"] == first["seconds_before_resume"] == 0.0
@@ -107,9 +113,22 @@ def test_resume_continues_the_loss_curve_exactly(
     out = Path(runs_dir(run_overrides), f"cut_{optimizer}", "train")
     assert (out / "summary.json").exists() and (out / "checkpoints" / "latest").exists()
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
-        m.setattr(loop, "train_step", Mock(side_effect=KeyboardInterrupt))
+        killed_at(m, 1)
         loop.run(compose([*common, f"run_name=cut_{optimizer}", "inputs_from=t"]))
     assert not (out / "summary.json").exists() and not (out / "checkpoints" / "latest").exists()
+    assert (out / "metrics.jsonl").read_text() == ""  # a new curve
+
+
+def killed_at(monkeypatch, call: int) -> None:
+    """Training is interrupted (Ctrl-C, a killed job) at its `call`-th step of the invocation."""
+    real, calls = loop.train_step, itertools.count(1)
+
+    def step(*args, **kwargs):
+        if next(calls) == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", step)
 
 
 def test_muon_orthogonalizes_the_matrix_updates(run_overrides) -> None:
@@ -303,38 +322,41 @@ def test_online_matches_offline(run_overrides, head: str) -> None:
 
 
 def test_wandb_offline_run_files(run_overrides, monkeypatch) -> None:
+    """A training resumed from its checkpoint goes on in the same W&B run; a fresh one starts
+    another."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    loop.run(
-        compose(
-            [
-                *run_overrides,
-                "run_name=wb",
-                "inputs_from=t",
-                "tracking=wandb",
-                "train.max_steps=2",
-                "train.log_every=1",
-                "train.save_every=1000",
-            ]
-        )
-    )
-    files = list((Path(runs_dir(run_overrides)) / "wb/train/wandb").glob("offline-run-*/*.wandb"))
-    assert files, "no offline W&B run file"
-    data = files[0].read_bytes()
+    common = [*run_overrides, "run_name=wb", "inputs_from=t", "tracking=wandb"]
+    common += ["train.max_steps=2", "train.log_every=1", "train.save_every=1000"]
+    loop.run(compose([*common, "train.stop_after=1"]))
+    loop.run(compose([*common, "resume=true"]))
+    runs = list((Path(runs_dir(run_overrides)) / "wb/train/wandb").glob("offline-run-*"))
+    ids = {run.name.rpartition("-")[2] for run in runs}
+    assert len(runs) == 2 and len(ids) == 1, runs
+    data = b"".join(f.read_bytes() for run in runs for f in run.glob("*.wandb"))
     for key in (b"train/loss", b"train/acc_0", b"heldout/sim_tau", b"tokens_per_second", b"lr"):
         assert key in data
+    loop.run(compose(common))
+    runs = list((Path(runs_dir(run_overrides)) / "wb/train/wandb").glob("offline-run-*"))
+    assert len({run.name.rpartition("-")[2] for run in runs}) == 2
 
 
-def test_tensorboard_event_files(run_overrides) -> None:
-    """tracking=tensorboard writes the metrics JSONL's scalars, step for step, and the config."""
+def test_tensorboard_event_files(run_overrides, monkeypatch) -> None:
+    """tracking=tensorboard writes the metrics JSONL's scalars, step for step, and the config;
+    a training killed past its checkpoint and resumed shows each step once."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    common = [*run_overrides, "inputs_from=t", "tracking=tensorboard", "train.save_every=1000"]
-    loop.run(compose([*common, "run_name=tb", "train.max_steps=2", "train.log_every=1"]))
+    common = [*run_overrides, "inputs_from=t", "tracking=tensorboard", "train.save_every=2"]
+    common += ["run_name=tb", "train.max_steps=4", "train.log_every=1", "train.eval_every=1"]
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        killed_at(m, 4)  # step 3 logged past the checkpoint of step 2
+        loop.run(compose(common))
+    loop.run(compose([*common, "resume=true"]))
     out = Path(runs_dir(run_overrides)) / "tb" / "train"
     events = EventAccumulator(str(out / "tensorboard")).Reload()
     for key in ("train/loss", "train/acc_0", "heldout/sim_tau", "tokens_per_second", "lr"):
         logged = losses(runs_dir(run_overrides), "tb", key)
+        assert [e.step for e in events.Scalars(key)] == [1, 2, 3, 4], key
         assert {e.step: e.value for e in events.Scalars(key)} == pytest.approx(logged), key
     assert "config/text_summary" in events.Tags()["tensors"]
 

@@ -189,7 +189,7 @@ def run(cfg: Config) -> dict:
         # checkpoints would be resumed as this one's
         for stale in (out / "summary.json", ckpt / "latest"):
             stale.unlink(missing_ok=True)
-    tracker = Tracker(out, cfg.tracking, cfg.run_name, cfg) if rank == 0 else None
+    tracker = Tracker(out, cfg.tracking, cfg.run_name, cfg, step) if rank == 0 else None
     bar = tqdm(total=total, initial=step, desc=f"train {head.name}", disable=rank != 0)
     window: dict[str, float] = {}
     tokens, t0, last_good = 0, time.perf_counter(), None
