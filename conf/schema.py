@@ -137,6 +137,11 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check(self.template, ("auto", "plain"), "data.template")
         _check(self.length_policy, ("truncate", "drop"), "data.length_policy")
+        if self.heldout < 1:  # training keeps its best head by them; eval.benchmark=heldout too
+            raise ValueError(
+                f"data.heldout={self.heldout}: training picks its best head by held-out "
+                "simulated tau, so at least 1 conversation is held out"
+            )
 
 
 @dataclass

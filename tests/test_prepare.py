@@ -398,6 +398,37 @@ def test_prepare_without_training_rows_names_the_rows_it_skipped(tmp_path: Path)
     assert not Path(cfg.stage_dir("prepare"), "stats.json").exists()
 
 
+def test_held_out_conversations_all_skipped_are_named_by_training(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Prepared data whose held-out split came out empty (its conversations all skipped, as too
+    long ones are with data.length_policy=drop) loads back (`datasets` writes no shard for an
+    empty split unless asked), and training refuses it by name rather than pick a "best" head
+    by the simulated tau of no rows. data.heldout=0 is refused when the config is built."""
+    import datasets
+
+    from draftsmith.train import loop, prepare
+
+    with pytest.raises(ValueError, match="data.heldout=0: training picks its best head"):
+        compose(["data.heldout=0"])
+    rows = [{"prompt": f"Say {i}.", "response": f"{i}, said."} for i in range(12)]
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    common = [f"runs_dir={tmp_path}/runs", "experiment=tiny", f"data.path={path}"]
+    real = prepare.tokenize_all
+    monkeypatch.setattr(
+        prepare,
+        "tokenize_all",
+        lambda r, convs, *a: [] if a[-1] == "heldout" else real(r, convs, *a),
+    )
+    cfg = compose(common)
+    prepare.run(cfg)
+    split = datasets.load_from_disk(str(Path(cfg.stage_dir("prepare"), "dataset")))
+    assert (len(split["train"]), len(split["heldout"])) == (11, 0)
+    with pytest.raises(ValueError, match="prepare: no held-out rows to pick the best head by"):
+        loop.run(compose([*common, "train=online", "tracking=none"]))
+
+
 def test_prepare_with_regeneration_resumes(tmp_path: Path, monkeypatch) -> None:
     from draftsmith.train import prepare, regenerate
 

@@ -149,6 +149,12 @@ def run(cfg: Config) -> dict:
     out = Path(cfg.stage_dir("train"))
     target, head, sources, make_batch_for = setup(cfg, rank)
     train_rows, heldout_rows = sources["train"], sources["heldout"]
+    if len(heldout_rows) == 0:  # its simulated tau would read 1.0 and pick the "best" head
+        raise ValueError(
+            f"{cfg.input_dir('prepare')}: no held-out rows to pick the best head by (its "
+            "held-out conversations were all skipped: see stats.json); prepare with more "
+            "data.heldout"
+        )
     train_batch, heldout_batch = make_batch_for(train_rows), make_batch_for(heldout_rows)
     t = cfg.train
     if t.loss_on == "all":

@@ -140,7 +140,8 @@ def run(cfg: Config) -> dict:
     )
     tmp = out / "dataset.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    dataset.save_to_disk(str(tmp))
+    # one shard even when empty: `datasets` writes none for a 0-row split and cannot load it back
+    dataset.save_to_disk(str(tmp), num_shards={k: 1 for k, rows in tokenized.items() if not rows})
     shutil.rmtree(out / "dataset", ignore_errors=True)
     os.replace(tmp, out / "dataset")
     write_text_atomic(
