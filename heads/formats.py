@@ -228,9 +228,7 @@ def export_head(
     """Validate, then write the `fmt` folder atomically (a temp folder renamed into place)."""
     out = Path(out)
     if out.exists() and not overwrite:
-        raise FileExistsError(
-            f"{out} exists; export.overwrite=true replaces it (overwrite=True here)"
-        )
+        raise FileExistsError(f"{out} exists; pass export.overwrite=true to replace it")
     if fmt == "native":
         config = head.config_dict()
     elif head.name == "eagle3":
