@@ -344,6 +344,7 @@ def _iter_json_array(text: str, path: Path, report: ReadReport):
 # files read through a `datasets` builder, by suffix (a hub dataset's data files often are these)
 _BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
 _JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+_SUFFIXES = (*_JSON_SUFFIXES, *_BUILDERS)
 
 
 def _json_lines(lines: Iterable[str]):
@@ -444,7 +445,11 @@ def read_conversations(
 ) -> tuple[list[Conversation], ReadReport]:
     """Read up to `limit` valid conversations from a file, folder, HF dataset (its `split`) or
     asset name."""
-    path = asset_path(source) if source in ASSETS else Path(source)
+    path = asset_path(source) if source in ASSETS else Path(source).expanduser()
+    # a file's name or a path, not a hub id: missing, it is no dataset to look for on the hub
+    local = source.startswith(("/", "./", "../", "~")) or source.endswith(_SUFFIXES)
+    if local and not path.exists():
+        raise FileNotFoundError(f"{source}: no such file or folder")
     report = ReadReport(source=str(source))
     files = (
         sorted(

@@ -60,7 +60,7 @@ def benchmark_source(cfg: Config) -> str:
         source = f"{cfg.input_dir('prepare')}/heldout.jsonl"
         if not Path(source).exists():
             raise FileNotFoundError(
-                f"{source}: run `draftsmith prepare run_name={cfg.run_name}` "
+                f"{source}: run `draftsmith prepare run_name={cfg.inputs_from or cfg.run_name}` "
                 "first (it writes the held-out conversations)"
             )
     return source

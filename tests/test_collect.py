@@ -56,6 +56,8 @@ def test_resume_is_byte_identical_and_verify_names_bad_shards(tmp_path: Path, mo
     shards[1].write_bytes(bytes(data))
     with pytest.raises(ValueError, match=shards[1].name):
         collect.run(compose([*overrides, "verify=true"]))
+    with pytest.raises(FileNotFoundError, match="nothing collected to verify"):
+        collect.verify_shards(tmp_path / "elsewhere")
 
 
 def test_collect_refuses_other_settings(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,19 @@ def test_hf_dataset_on_disk(tmp_path: Path) -> None:
     ds.save_to_disk(str(tmp_path / "ds"))
     convs, report = read_conversations(str(tmp_path / "ds"))
     assert report.rows_kept == 1 and convs[0].turns[1].content == "hi"
+
+
+def test_a_missing_file_is_named_not_looked_for_on_the_hub(tmp_path: Path, monkeypatch) -> None:
+    """A file name or a path that does not exist is no hub dataset: the error names it (it was
+    "Couldn't reach 'chats.jsonl' on the Hub"); `~` is the home folder."""
+    monkeypatch.chdir(tmp_path)
+    for source in ("chats.jsonl", "data/chats.parquet", str(tmp_path / "folder"), "./folder"):
+        with pytest.raises(FileNotFoundError, match=f"{re.escape(source)}: no such file or folder"):
+            read_conversations(source)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "chats.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
+    convs, _ = read_conversations("~/chats.jsonl")
+    assert convs[0].turns[0].content == "hi"
 
 
 def test_a_dataset_split_is_picked_by_data_split(tmp_path: Path, capsys) -> None:

@@ -364,3 +364,12 @@ def test_a_chat_template_of_ones_own_reaches_every_rendering(
     regen = ["run_name=regen", "data.regenerate=true", "data.regen.max_new_tokens=4"]
     prepare.run(compose([*overrides, *regen]))
     assert named == [digest, digest]  # the held-out and training splits
+
+
+def test_a_missing_heldout_benchmark_names_the_run_that_prepares_it(tmp_path: Path) -> None:
+    """With inputs_from, the held-out conversations are that run's to prepare."""
+    cfg = compose([f"runs_dir={tmp_path}", "run_name=a", "inputs_from=b", "eval.benchmark=heldout"])
+    with pytest.raises(
+        FileNotFoundError, match="b/prepare/heldout.jsonl: run `draftsmith prepare run_name=b`"
+    ):
+        evaluate.benchmark_source(cfg)

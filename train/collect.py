@@ -109,6 +109,10 @@ def _write_index(out: Path, index: dict) -> None:
 
 def verify_shards(out: Path) -> int:
     """Re-hash every shard against the index; raise naming the first bad file."""
+    if not (out / INDEX).exists():
+        raise FileNotFoundError(
+            f"{out / INDEX}: nothing collected to verify (run `draftsmith collect`)"
+        )
     index = json.loads((out / INDEX).read_text())
     count = 0
     for split in index["splits"].values():
