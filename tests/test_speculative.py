@@ -386,6 +386,7 @@ def test_every_head_samples_with_drawn_trees(name, tree, tiny_target, tiny_token
 
 SAMPLING_TREES = {
     "dynamic, drawn": TreeSpec(kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2),
+    "dynamic, drawn, top-p": TreeSpec(kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2),
     "static, drawn": TreeSpec(kind="static", depth=2, top_k=2, total_tokens=6, lookup=2),
     "static, drawn, traversal": TreeSpec(
         kind="static", depth=2, top_k=2, total_tokens=6, lookup=2, verify="traversal"
@@ -408,9 +409,9 @@ SAMPLING_TREES = {
 def test_sampling_keeps_the_target_distribution(tree: str) -> None:
     """Joint law of the second and third generated tokens (the first verified ones: a root
     child, then a depth-2 node or the next step's root child) on an 8-token vocabulary, against
-    the exact target probabilities, for drawn children and for top-k ones in trees sized per
-    step. A prompt-lookup branch joins the tree when the context repeats a token, so draws with
-    and without it are in the sample."""
+    the exact target probabilities (top-k, or top-p), for drawn children and for top-k ones in
+    trees sized per step. A prompt-lookup branch joins the tree when the context repeats a
+    token, so draws with and without it are in the sample."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=8,
@@ -431,7 +432,9 @@ def test_sampling_keeps_the_target_distribution(tree: str) -> None:
         # head gives >= 0.2, a size that varies from step to step (timing plays no part)
         decoder.costs = torch.arange(1.0, 6.0)
         decoder.produced, decoder.spent = 2e8, 1e9
-    sampling = Sampling(temperature=0.9, top_k=6)
+    # eval.top_p: the nucleus of the target's distribution, drafts outside it never accepted
+    top_p = tree.endswith("top-p")
+    sampling = Sampling(temperature=0.9, top_p=0.8) if top_p else Sampling(0.9, top_k=6)
     prompt = [1, 5, 2]
 
     def next_probs(ids: list[int]) -> torch.Tensor:  # [8]
