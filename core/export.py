@@ -12,6 +12,7 @@ from pathlib import Path
 from draftsmith.conf.schema import Config
 from draftsmith.heads import TargetInfo, TargetParts, load_head
 from draftsmith.heads.formats import export_head
+from draftsmith.provenance import export_dir, record_export
 from draftsmith.target import load_target, target_name
 
 
@@ -20,7 +21,8 @@ def run(cfg: Config) -> Path:
     target = load_target(cfg.target.path, "float32", "cpu", cfg.target.trust_remote_code)
     info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
     head = load_head(cfg.resolved_head_path(), info).bind(TargetParts.from_model(target))
-    out = Path(e.out or f"{cfg.stage_dir('export')}/{e.format}")
+    out = Path(export_dir(cfg))
     export_head(head, e.format, out, e.overwrite, e.num_speculative_tokens)
+    record_export(cfg)
     print(f"export: {head.name} head -> {e.format} folder {out}")
     return out

@@ -20,7 +20,8 @@ from pathlib import Path
 from draftsmith.conf.schema import Config
 from draftsmith.files import write_text_atomic
 from draftsmith.heads.formats import SUPPORTED
-from draftsmith.provenance import check_unchanged
+from draftsmith.provenance import check_unchanged, export_dir, upstream
+from draftsmith.provenance import stale as is_stale
 from draftsmith.tracking import check_wandb
 
 
@@ -40,7 +41,22 @@ def _done(cfg: Config, stage: str) -> bool:
         return results.exists() and not changed_settings(
             json.loads(results.read_text()), cfg, cfg.tree, cfg.resolved_head_path()
         )
-    return Path(cfg.export.out or f"{cfg.stage_dir('export')}/{cfg.export.format}").exists()
+    return Path(export_dir(cfg)).exists()
+
+
+def _stale(cfg: Config, stages: dict) -> set[str]:
+    """The stages whose output (finished, or a training's checkpoints) was made from an input
+    made again since, or one this invocation makes again (provenance)."""
+    again: dict[str, bool] = {}  # stage -> this invocation makes its output (again)
+    found: set[str] = set()
+    for name in stages:
+        c = _stage_config(cfg, name)
+        up = upstream(c, name)
+        kept = _done(c, name) or _resumable(c, name)
+        if kept and up in stages and (again[up] or is_stale(c, name)):
+            found.add(name)
+        again[name] = name in cfg.stages and (name in found or not _done(c, name))
+    return found
 
 
 def _resumable(cfg: Config, stage: str) -> bool:
@@ -70,12 +86,14 @@ def run(cfg: Config) -> dict:
     }
     if cfg.train.source == "online":
         stages.pop("collect")
+    stale = _stale(cfg, stages)
     # before anything runs: a finished output (or a training to resume) made with other settings
     # is not this run's (the prepared data and features `inputs_from` names are read as that run
-    # made them)
+    # made them; a stale output is made again anyway)
     for name in ("train",) if cfg.inputs_from else ("prepare", "collect", "train"):
         stage_cfg = _stage_config(cfg, name)
-        if name in stages and (_done(stage_cfg, name) or _resumable(stage_cfg, name)):
+        kept = _done(stage_cfg, name) or _resumable(stage_cfg, name)
+        if name in stages and kept and name not in stale:
             check_unchanged(stage_cfg, name)
     if cfg.tracking == "wandb":
         check_wandb()
@@ -90,7 +108,7 @@ def run(cfg: Config) -> dict:
     stopped = False  # train.stop_after ended the training before its head was saved
     for name, fn in stages.items():
         stage_cfg = _stage_config(cfg, name)
-        done = _done(stage_cfg, name)
+        done = _done(stage_cfg, name) and name not in stale
         if name not in cfg.stages and not done:
             rows.append({"stage": name, "status": "not selected", "seconds": None})
             continue
@@ -103,7 +121,15 @@ def run(cfg: Config) -> dict:
             seconds = _timings(stage_cfg).get(_timing_key(stage_cfg, name))
             rows.append({"stage": name, "status": "already complete", "seconds": seconds})
             continue
-        if _resumable(stage_cfg, name):
+        if name in stale:  # collect starts over by itself; a training starts afresh
+            print(
+                f"{name}: its output was made from {upstream(cfg, name)} output made again "
+                "since; making it again"
+            )
+            if name == "export":
+                overwrite = dataclasses.replace(stage_cfg.export, overwrite=True)
+                stage_cfg = dataclasses.replace(stage_cfg, export=overwrite)
+        elif _resumable(stage_cfg, name):
             stage_cfg = dataclasses.replace(stage_cfg, resume=True)  # continue a killed run
         t0 = time.perf_counter()
         result = fn(stage_cfg)

@@ -3,6 +3,13 @@ settings: prepare writes `<stage dir>/settings.json` when it completes, train wh
 (so a training killed mid-way is resumed only with the settings its checkpoints were made with);
 collect's index.json records its own (target, dtypes).
 
+Lineage: prepare, collect and train give each finished output an id ("made": in stats.json,
+index.json, summary.json); what reads one records the id it read ("inputs": collect's index,
+train's settings and summary; an eval's results under "head", an export in made_from.json).
+An output whose recorded input is no longer the one there (its input made again since: a
+deleted training trained again, data prepared again) is stale, and `draftsmith run` makes it
+again rather than report it as made from what is there now.
+
 `draftsmith run` skips a stage whose output is complete (and resumes a training that has a
 checkpoint), and prepare skips itself the same way; before either does, and before a training
 resumes, `check_unchanged` compares the recorded settings with this invocation's and
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +157,75 @@ def check_unchanged(cfg: Config, stage: str, now: dict[str, Any] | None = None) 
             f"invocation's {stage} output: go back to its settings, pick another run_name"
             f"{reuse}, or delete {folder} to make it again"
         )
+
+
+# the stage whose output each stage reads (train: collect's features, or prepare's data online)
+UPSTREAM = {"collect": "prepare", "train": "collect", "eval": "train", "export": "train"}
+EXPORTS = "made_from.json"  # in the run's export folder: {export folder: the head's id}
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def upstream(cfg: Config, stage: str) -> str | None:
+    if stage == "train" and cfg.train.source == "online":
+        return "prepare"
+    return UPSTREAM.get(stage)
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def made(cfg: Config, stage: str) -> str | None:
+    """The id of `stage`'s finished output (None: none, or made before ids were kept)."""
+    if stage == "prepare":
+        return _json(Path(cfg.input_dir("prepare"), "stats.json")).get("made")
+    if stage == "collect":
+        index = _json(Path(cfg.input_dir("collect"), "index.json"))
+        return index.get("made") if index.get("complete") else None
+    if stage == "train":
+        return head_made(cfg.resolved_head_path())
+    raise ValueError(f"stage {stage!r} has no output others read")
+
+
+def head_made(head_path: str) -> str | None:
+    """The id of the training that wrote the head at `head_path` (a run's train/head)."""
+    path = Path(head_path)
+    return _json(path.parent / "summary.json").get("made") if path.name == "head" else None
+
+
+def made_from(cfg: Config, stage: str) -> str | None:
+    """The id of the input `stage`'s output (finished, or a training's checkpoints) was made
+    from (None: no output, or one made before ids were kept)."""
+    if stage == "collect":
+        return _json(Path(cfg.stage_dir("collect"), "index.json")).get("inputs")
+    if stage == "train":  # recorded when it starts, so its checkpoints have it too
+        return _json(Path(cfg.stage_dir("train"), RECORD)).get("inputs")
+    if stage == "eval":
+        from draftsmith.inference.eval import eval_tag
+
+        results = _json(Path(cfg.stage_dir("eval"), eval_tag(cfg), "results.json"))
+        return results.get("head", {}).get("made")
+    if stage == "export":
+        return _json(Path(cfg.stage_dir("export"), EXPORTS)).get(export_dir(cfg))
+    raise ValueError(f"stage {stage!r} reads no other stage's output")
+
+
+def export_dir(cfg: Config) -> str:
+    return cfg.export.out or f"{cfg.stage_dir('export')}/{cfg.export.format}"
+
+
+def record_export(cfg: Config) -> None:
+    """Note which training's head the export folder was made from."""
+    path = Path(cfg.stage_dir("export"), EXPORTS)
+    exports = _json(path) | {export_dir(cfg): head_made(cfg.resolved_head_path())}
+    write_text_atomic(path, json.dumps(exports, indent=2))
+
+
+def stale(cfg: Config, stage: str) -> bool:
+    """`stage`'s output was made from an input that has been made again since."""
+    before = made_from(cfg, stage)
+    now = made(cfg, upstream(cfg, stage))
+    return None not in (before, now) and before != now

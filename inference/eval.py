@@ -40,7 +40,7 @@ from draftsmith.inference.report import write_report, write_sweep_summary
 from draftsmith.inference.tree import TreeSpec
 from draftsmith.inference.verify import Sampling, generate_kwargs
 from draftsmith.packed import pack_linears
-from draftsmith.provenance import differences
+from draftsmith.provenance import differences, head_made
 from draftsmith.target import (
     chat_template_digest,
     compile_target,
@@ -467,6 +467,7 @@ def _results(cfg: Config, p: _Pass) -> dict[str, dict]:
                 "name": c.decoder.head.name,
                 "path": c.head_path,
                 "draft_vocab_size": c.decoder.head.own_vocab_size,
+                "made": head_made(c.head_path),  # the training that wrote it (provenance)
             },
             "tree": vars(c.decoder.spec),
             "draft_vocab_size": c.draft_vocab,

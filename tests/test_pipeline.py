@@ -160,9 +160,9 @@ def test_run_end_to_end_then_skips(
         "(drafting over the 64 most frequent answer tokens)"
         in (cut_dirs[0] / "results.md").read_text()
     )
-    theirs = json.loads(
-        next((tmp_path / "runs" / "tiny" / "eval").glob("*/results.json")).read_text()
-    )
+    # (under the Medusa run's 4-deep tree; the run's other evals are 5 deep or tagged)
+    (theirs,) = (tmp_path / "runs" / "tiny" / "eval").glob("*-d4-*/results.json")
+    theirs = json.loads(theirs.read_text())
     assert theirs["draft_vocab_size"] == 0 and theirs["decoded_with"] == ["tiny_medusa"]
     assert [r["status"] for r in run(compose(cut))["stages"]] == ["already complete"] * 5
     # `draftsmith generate` drafts over the same cut vocabulary, still the target's greedy output
@@ -207,6 +207,69 @@ def test_run_end_to_end_then_skips(
         assert packed["machine"]["packed_linears"] > 0
     assert packed["tau"] == plain["tau"] and packed["tokens"] == plain["tokens"]
     assert packed["mismatch"]["prompts"] == plain["mismatch"]["prompts"]
+
+
+def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path) -> None:
+    """Lineage: a training deleted and trained again (as a refusal suggests) leaves an eval and
+    an export of the earlier head, which `draftsmith run` makes again, also in a later
+    invocation, rather than report them as the new head's; data prepared again makes the
+    features, head, eval and export again; a killed training's checkpoints of features collected
+    again are not resumed."""
+    import shutil
+
+    from draftsmith.train import loop
+
+    data = tmp_path / "data.jsonl"
+    rows = [{"prompt": f"Say {i} twice.", "response": f"{i} {i}."} for i in range(30)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    common = [f"runs_dir={tmp_path}/runs", "experiment=tiny", f"data.path={data}"]
+    common += ["train.max_steps=2", "eval.limit=1", "eval.max_new_tokens=4"]
+    common += ["eval.baselines=[]", "export=sglang", "tracking=none"]
+    out = tmp_path / "runs" / "tiny"
+
+    def statuses(*extra: str) -> list[str]:
+        return [r["status"] for r in run(compose([*common, *extra]))["stages"]]
+
+    def lineage() -> tuple:
+        train = json.loads((out / "train" / "summary.json").read_text())
+        (results,) = (out / "eval").glob("*/results.json")
+        exports = json.loads((out / "export" / "made_from.json").read_text())
+        return train["made"], json.loads(results.read_text())["head"]["made"], exports
+
+    assert statuses() == ["done"] * 5
+    made, evaluated, exported = lineage()
+    assert evaluated == made and list(exported.values()) == [made]
+    shutil.rmtree(out / "train")
+    assert statuses("stages=[train]") == ["already complete"] * 2 + ["done"] + ["not selected"] * 2
+    assert statuses() == ["already complete"] * 3 + ["done"] * 2  # the earlier head's: again
+    made, evaluated, exported = lineage()
+    assert evaluated == made and list(exported.values()) == [made]
+    assert statuses() == ["already complete"] * 5
+
+    # the data edited (same lengths) and prepared again: collected again, not resumed from the
+    # shards of the earlier data
+    def shards() -> list[str]:
+        index = json.loads((out / "collect" / "index.json").read_text())
+        return [s["sha256"] for split in index["splits"].values() for s in split["shards"]]
+
+    before = shards()
+    data.write_text(data.read_text().replace('."}', '!"}'))
+    shutil.rmtree(out / "prepare")
+    assert statuses() == ["done"] * 5
+    assert not set(before) & set(shards())
+    index = json.loads((out / "collect" / "index.json").read_text())
+    prepared = json.loads((out / "prepare" / "stats.json").read_text())
+    assert index["inputs"] == prepared["made"] != None  # noqa: E711
+    # a time-boxed training, then the features collected again: not resumed from its checkpoints
+    shutil.rmtree(out / "train")
+    assert statuses("train.stop_after=1")[2] == "stopped at step 1 (train.stop_after)"
+    shutil.rmtree(out / "collect")
+    assert statuses("stages=[collect]")[1] == "done"
+    with pytest.raises(ValueError, match="checkpoints were trained on collect output made again"):
+        loop.run(compose([*common, "resume=true"]))
+    assert statuses() == ["already complete"] * 2 + ["done"] * 3
+    settings = json.loads((out / "train" / "settings.json").read_text())
+    assert settings["inputs"] == json.loads((out / "collect" / "index.json").read_text())["made"]
 
 
 def test_summary_prints_only_what_was_measured() -> None:

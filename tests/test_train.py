@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -331,14 +332,16 @@ def test_wandb_offline_run_files(run_overrides, monkeypatch) -> None:
     loop.run(compose([*common, "train.stop_after=1"]))
     loop.run(compose([*common, "resume=true"]))
     runs = list((Path(runs_dir(run_overrides)) / "wb/train/wandb").glob("offline-run-*"))
-    ids = {run.name.rpartition("-")[2] for run in runs}
+    # offline-run-<date>_<time>-<id>, "-1" after it for a second run in the same second
+    run_id = re.compile(r"offline-run-\d{8}_\d{6}-([a-z0-9]+)")
+    ids = {run_id.match(run.name)[1] for run in runs}
     assert len(runs) == 2 and len(ids) == 1, runs
     data = b"".join(f.read_bytes() for run in runs for f in run.glob("*.wandb"))
     for key in (b"train/loss", b"train/acc_0", b"heldout/sim_tau", b"tokens_per_second", b"lr"):
         assert key in data
     loop.run(compose(common))
     runs = list((Path(runs_dir(run_overrides)) / "wb/train/wandb").glob("offline-run-*"))
-    assert len({run.name.rpartition("-")[2] for run in runs}) == 2
+    assert len({run_id.match(run.name)[1] for run in runs}) == 2
 
 
 def test_tensorboard_event_files(run_overrides, monkeypatch) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from draftsmith.features import LAYER_CONVENTION, extract_features
 from draftsmith.files import write_text_atomic
 from draftsmith.heads import TargetInfo, TargetParts
 from draftsmith.heads.eagle3 import default_aux_layers
+from draftsmith.provenance import made, new_id
 from draftsmith.target import load_target, target_name, torch_dtype
 from draftsmith.train.regen_server import served_target
 
@@ -235,7 +237,14 @@ def run(cfg: Config) -> dict:
         "storage_dtype": cfg.collect.storage_dtype,
         "compute_dtype": cfg.dtype,
     }
-    index = {**header, "complete": False, "splits": {}}
+    inputs = made(cfg, "prepare")  # the prepared data's id: features of other data are stale
+    index = {**header, "inputs": inputs, "complete": False, "splits": {}}
+    if (out / INDEX).exists() and json.loads((out / INDEX).read_text()).get("inputs") not in (
+        None,
+        inputs,
+    ):
+        print(f"collect: {out} holds features of data prepared before; collecting again")
+        shutil.rmtree(out)
     if (out / INDEX).exists():
         old = json.loads((out / INDEX).read_text())
         if {k: old.get(k) for k in header} != header:
@@ -244,7 +253,7 @@ def run(cfg: Config) -> dict:
                 f"({ {k: old.get(k) for k in header if old.get(k) != header[k]} }); "
                 "use another run_name or delete it"
             )
-        index = old
+        index = old | {"inputs": inputs}
     out.mkdir(parents=True, exist_ok=True)
     lengths = {split: [len(x) for x in dataset[split]["input_ids"]] for split in SPLITS}
     entries: dict[str, dict[int, dict]] = {split: {} for split in SPLITS}  # shard k -> entry
@@ -305,6 +314,7 @@ def run(cfg: Config) -> dict:
             "tokens": sum(lengths[split]),
         }
     index["complete"] = True
+    index.setdefault("made", new_id())  # what training reads, named (provenance)
     _write_index(out, index)
     print(f"collect: {sum(s['tokens'] for s in index['splits'].values())} tokens -> {out}")
     return index

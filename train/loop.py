@@ -34,7 +34,15 @@ from draftsmith.heads import (
 )
 from draftsmith.heads.base import simulated_tau
 from draftsmith.heads.vocab import answer_token_counts
-from draftsmith.provenance import check_unchanged, record, stage_settings
+from draftsmith.provenance import (
+    check_unchanged,
+    made,
+    new_id,
+    record,
+    stage_settings,
+    stale,
+    upstream,
+)
 from draftsmith.target import load_target, target_name
 from draftsmith.tracking import Tracker
 from draftsmith.train import engine as ds
@@ -143,8 +151,14 @@ def setup(cfg: Config, rank: int):
 
 def run(cfg: Config) -> dict:
     settings = stage_settings(cfg, "train")  # as asked: building the head fills in its defaults
-    if cfg.resume:  # its checkpoints go on only with the settings they were made with
+    inputs = made(cfg, upstream(cfg, "train"))  # the features' (or online, the data's) id
+    if cfg.resume:  # its checkpoints go on only with the settings and inputs they were made with
         check_unchanged(cfg, "train", settings)
+        if stale(cfg, "train"):
+            raise ValueError(
+                f"{cfg.stage_dir('train')}: its checkpoints were trained on "
+                f"{upstream(cfg, 'train')} output made again since; train without resume=true"
+            )
     rank, world = ds.init_distributed(cfg.device)
     out = Path(cfg.stage_dir("train"))
     target, head, sources, make_batch_for = setup(cfg, rank)
@@ -190,11 +204,11 @@ def run(cfg: Config) -> dict:
         restore_rng(state["rng"][rank])
     elif rank == 0:  # before the first checkpoint, so a resume can be checked against it
         out.mkdir(parents=True, exist_ok=True)
-        record(cfg, "train", settings)
+        record(cfg, "train", settings | {"inputs": inputs})
         # an earlier training's summary would mark this one finished if it were killed, and its
         # checkpoints would be resumed as this one's
-        for stale in (out / "summary.json", ckpt / "latest"):
-            stale.unlink(missing_ok=True)
+        for old in (out / "summary.json", ckpt / "latest"):
+            old.unlink(missing_ok=True)
     tracker = Tracker(out, cfg.tracking, cfg.run_name, cfg, step) if rank == 0 else None
     bar = tqdm(total=total, initial=step, desc=f"train {head.name}", disable=rank != 0)
     window: dict[str, float] = {}
@@ -256,6 +270,8 @@ def run(cfg: Config) -> dict:
         return {"steps": step, "stopped_early": True, "seconds_before_resume": earlier}
     save_head(engine, head, out / "head", rank)
     summary = {
+        "made": new_id(),  # what eval and export read, named (provenance)
+        "inputs": inputs,
         "steps": step,
         "best_heldout_sim_tau": best,
         "head": str(out / "head"),

@@ -21,7 +21,7 @@ from draftsmith.conf.schema import Config
 from draftsmith.conversations import Conversation, read_conversations, skipped_text
 from draftsmith.files import write_text_atomic
 from draftsmith.packed import pack_linears
-from draftsmith.provenance import check_unchanged, record
+from draftsmith.provenance import check_unchanged, new_id, record
 from draftsmith.target import chat_template_digest, load_target, target_tokenizer
 from draftsmith.train.regen_server import served_target
 from draftsmith.train.regenerate import regenerate
@@ -148,6 +148,7 @@ def run(cfg: Config) -> dict:
         out / "heldout.jsonl", "".join(json.dumps(c.to_row()) + "\n" for c in splits["heldout"])
     )
     stats = {
+        "made": new_id(),  # what collect and online training read, named (provenance)
         "source": report.to_dict(),
         "regenerated": d.regenerate,
         "rows": {name: len(rows) for name, rows in tokenized.items()},
