@@ -48,7 +48,8 @@ class Tracker:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         metrics = self.folder / "metrics.jsonl"
-        kept = metrics.read_text().splitlines(keepends=True) if metrics.exists() else []
+        resumed = resume_step and metrics.exists()
+        kept = metrics.read_text().splitlines(keepends=True) if resumed else []
         kept = [line for line in kept if json.loads(line)["step"] <= resume_step]
         write_text_atomic(metrics, "".join(kept))
         self.metrics = open(metrics, "a")

@@ -364,6 +364,26 @@ def test_tensorboard_event_files(run_overrides, monkeypatch) -> None:
     assert "config/text_summary" in events.Tags()["tensors"]
 
 
+def test_each_tracker_keeps_its_own_curve(tmp_path: Path) -> None:
+    """An eval logged again into its folder (step 0) replaces its line; a training resumed from
+    step 2 keeps the lines up to it, also when the file is gone."""
+    from draftsmith.tracking import Tracker
+
+    def logged(resume_step: int, steps: list[int]) -> list[int]:
+        tracker = Tracker(tmp_path, "none", "t", {}, resume_step)
+        for step in steps:
+            tracker.log({"loss": 1.0}, step)
+        tracker.finish()
+        lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line)["step"] for line in lines]
+
+    assert logged(0, [0]) == [0] and logged(0, [0]) == [0]
+    assert logged(0, [1, 2, 3]) == [1, 2, 3]
+    assert logged(2, [3, 4]) == [1, 2, 3, 4]
+    (tmp_path / "metrics.jsonl").unlink()
+    assert logged(4, [5]) == [5]
+
+
 def test_non_finite_loss_stops_or_skips(run_overrides, monkeypatch) -> None:
     real = loop.collate
     calls = []

@@ -239,14 +239,12 @@ def run(cfg: Config) -> dict:
     }
     inputs = made(cfg, "prepare")  # the prepared data's id: features of other data are stale
     index = {**header, "inputs": inputs, "complete": False, "splits": {}}
-    if (out / INDEX).exists() and json.loads((out / INDEX).read_text()).get("inputs") not in (
-        None,
-        inputs,
-    ):
+    old = json.loads((out / INDEX).read_text()) if (out / INDEX).exists() else None
+    if old is not None and old.get("inputs") not in (None, inputs):
         print(f"collect: {out} holds features of data prepared before; collecting again")
         shutil.rmtree(out)
-    if (out / INDEX).exists():
-        old = json.loads((out / INDEX).read_text())
+        old = None
+    if old is not None:
         if {k: old.get(k) for k in header} != header:
             raise ValueError(
                 f"{out / INDEX} was collected with other settings "
