@@ -220,6 +220,7 @@ def export_dir(cfg: Config) -> str:
 def record_export(cfg: Config) -> None:
     """Note which training's head the export folder was made from."""
     path = Path(cfg.stage_dir("export"), EXPORTS)
+    path.parent.mkdir(parents=True, exist_ok=True)  # not made by an export to another folder
     exports = _json(path) | {export_dir(cfg): head_made(cfg.resolved_head_path())}
     write_text_atomic(path, json.dumps(exports, indent=2))
 

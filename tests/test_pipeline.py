@@ -270,6 +270,15 @@ def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path) ->
     assert statuses() == ["already complete"] * 2 + ["done"] * 3
     settings = json.loads((out / "train" / "settings.json").read_text())
     assert settings["inputs"] == json.loads((out / "collect" / "index.json").read_text())["made"]
+    # the README's `draftsmith export format=... out=<folder>`: another folder, the run's
+    # export folder not made yet; its lineage is kept all the same
+    from draftsmith import export
+
+    shutil.rmtree(out / "export")
+    served = ["format=native", f"out={tmp_path}/served"]
+    export.run(compose([*common, *served]))
+    assert (tmp_path / "served" / "model.safetensors").exists()
+    assert statuses(*served) == ["already complete"] * 5
 
 
 def test_summary_prints_only_what_was_measured() -> None:
