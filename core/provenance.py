@@ -5,7 +5,8 @@ collect's index.json records its own (target, dtypes).
 
 Lineage: prepare, collect and train give each finished output an id ("made": in stats.json,
 index.json, summary.json); what reads one records the id it read ("inputs": collect's index,
-train's settings and summary; an eval's results under "head", an export in made_from.json).
+train's settings, written when it starts; an eval's results under "head", an export in the
+run's export/made_from.json).
 An output whose recorded input is no longer the one there (its input made again since: a
 deleted training trained again, data prepared again) is stale, and `draftsmith run` makes it
 again rather than report it as made from what is there now.

@@ -270,8 +270,7 @@ def run(cfg: Config) -> dict:
         return {"steps": step, "stopped_early": True, "seconds_before_resume": earlier}
     save_head(engine, head, out / "head", rank)
     summary = {
-        "made": new_id(),  # what eval and export read, named (provenance)
-        "inputs": inputs,
+        "made": new_id(),  # what eval and export read, named (provenance); its inputs: settings
         "steps": step,
         "best_heldout_sim_tau": best,
         "head": str(out / "head"),
