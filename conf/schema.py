@@ -126,7 +126,8 @@ class DataConfig:
     # train_only_last_turn): thinking models' templates show earlier replies without their
     # reasoning, so only the last is rendered as the model wrote it
     last_reply_only: bool = False
-    # conversations held out (after a seeded shuffle) for validation and eval.benchmark=heldout
+    # conversations held out (after a seeded shuffle) for validation and eval.benchmark=heldout;
+    # at least 1: training keeps its best head by their simulated tau
     heldout: int = 32
     # let the target answer every user turn itself (self-distillation)
     regenerate: bool = False

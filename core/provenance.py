@@ -123,15 +123,16 @@ def record(cfg: Config, stage: str, settings: dict[str, Any] | None = None) -> N
     write_text_atomic(Path(cfg.stage_dir(stage), RECORD), json.dumps(settings, indent=2))
 
 
-def _recorded(folder: Path, stage: str) -> dict[str, Any] | None:
+def _recorded(folder: Path, stage: str) -> dict[str, Any]:
+    """The settings `stage`'s output records ({}: none, so nothing is compared)."""
     if stage == "collect":  # what collect's index.json says it collected
-        index = folder / "index.json"
-        if not index.exists():
-            return None
-        i = json.loads(index.read_text())
+        i = _json(folder / "index.json")
         return {key: i[name] for key, name in COLLECT_INDEX.items() if name in i}
-    path = folder / RECORD
-    return json.loads(path.read_text()) if path.exists() else None
+    return _json(folder / RECORD)
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
@@ -146,11 +147,8 @@ def check_unchanged(cfg: Config, stage: str, now: dict[str, Any] | None = None) 
     invocation's when it was made with other settings than `now` (default: cfg's); nothing
     recorded: not checked."""
     folder = Path(cfg.stage_dir(stage))
-    before = _recorded(folder, stage)
-    if before is None:
-        return
     now = stage_settings(cfg, stage) if now is None else now
-    if changes := differences(before, now):
+    if changes := differences(_recorded(folder, stage), now):
         # another head or budget on the same data needs no new preparation or collection
         reuse = f" (inputs_from={cfg.run_name} reuses its data and features)" * (stage == "train")
         raise ValueError(
@@ -173,10 +171,6 @@ def upstream(cfg: Config, stage: str) -> str | None:
     if stage == "train" and cfg.train.source == "online":
         return "prepare"
     return UPSTREAM.get(stage)
-
-
-def _json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def made(cfg: Config, stage: str) -> str | None:

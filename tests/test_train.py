@@ -304,6 +304,30 @@ def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str]) -> None:
         torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-6)
 
 
+def test_a_launched_training_reports_where_it_stopped(tmp_path: Path, monkeypatch) -> None:
+    """`launcher=deepspeed`: the ranks re-read the command line, with the resume `draftsmith run`
+    asks for in place of the user's; a time-boxed training's steps are read back from the
+    checkpoint it stopped at (no launch here: the launcher's run is recorded, its checkpoint
+    written as the ranks would)."""
+    from draftsmith.train import engine, launch
+
+    cfg = compose([f"runs_dir={tmp_path}", "launcher=deepspeed", "nproc=2", "resume=true"])
+    checkpoints = Path(cfg.stage_dir("train"), "checkpoints")
+    launched = []
+
+    def ranks(cmd: list[str]) -> SimpleNamespace:
+        launched.append(cmd)
+        checkpoints.mkdir(parents=True)
+        (checkpoints / "latest").write_text(f"{engine.CHECKPOINT}{4:08d}")
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(launch.subprocess, "run", ranks)
+    monkeypatch.delenv("RANK", raising=False)  # set by the in-process trainings before it
+    monkeypatch.setattr(sys, "argv", ["draftsmith run", "stage=run", "resume=false", "seed=3"])
+    assert launch.run(cfg) == {"steps": 4, "stopped_early": True}
+    assert launched[0][-3:] == ["seed=3", "resume=true", "launcher=none"]
+
+
 @pytest.mark.parametrize("head", ["eagle3", "hydra"])
 def test_online_matches_offline(run_overrides, head: str) -> None:
     """Online features train as the collected ones do, for a head reading EAGLE-3's layers and

@@ -157,19 +157,27 @@ def all_ranks_finite(loss: torch.Tensor) -> bool:
     return flag.item() == 0.0
 
 
+CHECKPOINT = "step_"  # a checkpoint's tag: CHECKPOINT + its step, 8 digits
+
+
 def save_checkpoint(
     engine, folder: Path, step: int, client_state: dict, keep_last: int, rank: int
 ) -> str:
-    tag = f"step_{step:08d}"
+    tag = f"{CHECKPOINT}{step:08d}"
     engine.save_checkpoint(str(folder), tag=tag, client_state=client_state, save_latest=False)
     barrier()
     if rank == 0:
         write_text_atomic(folder / "latest", tag)
-        old = sorted(p for p in folder.glob("step_*") if p.is_dir())[:-keep_last]
+        old = sorted(p for p in folder.glob(f"{CHECKPOINT}*") if p.is_dir())[:-keep_last]
         for path in old:
             shutil.rmtree(path, ignore_errors=True)
     barrier()
     return tag
+
+
+def latest_step(folder: Path) -> int:
+    """The step of the checkpoint `latest` names (what a launched, time-boxed training reached)."""
+    return int((folder / "latest").read_text().strip().removeprefix(CHECKPOINT))
 
 
 def load_checkpoint(engine, folder: Path) -> dict | None:

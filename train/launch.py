@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from draftsmith.conf.schema import Config
-from draftsmith.train.engine import free_port
+from draftsmith.train.engine import free_port, latest_step
 
 
 def run(cfg: Config) -> dict:
@@ -49,6 +49,5 @@ def run(cfg: Config) -> dict:
     out = Path(cfg.stage_dir("train"))
     if (out / "summary.json").exists():
         return json.loads((out / "summary.json").read_text())
-    # time-boxed (train.stop_after): the checkpoint it stopped at, "step_00000004"
-    step = int((out / "checkpoints" / "latest").read_text().rpartition("_")[2])
-    return {"steps": step, "stopped_early": True}
+    # time-boxed (train.stop_after): the checkpoint it stopped at
+    return {"steps": latest_step(out / "checkpoints"), "stopped_early": True}
