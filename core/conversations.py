@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftsmith.assets import ASSETS, asset_path
+from draftsmith.assets import ASSETS, AssetError, asset_path
+from draftsmith.files import content_digest
 
 ROLE_ALIASES = {
     "human": "user",
@@ -440,12 +441,28 @@ def _iter_dataset(source: str, data_files: str | None = None, split: str | None 
 _DATASET_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
+def _source_path(source: str) -> Path:
+    """Where `source` is read from on this machine: an asset's payload, or the path as given
+    (`~` expanded); a hub id names no existing path."""
+    return asset_path(source) if source in ASSETS else Path(source).expanduser()
+
+
+def source_digest(source: str) -> str | None:
+    """What the file or folder `source` reads holds (`files.content_digest`); None for a hub
+    id or a source not on this machine now (an asset not fetched, a file moved away)."""
+    try:
+        path = _source_path(source)
+    except AssetError:
+        return None
+    return content_digest(path) if path.exists() else None
+
+
 def read_conversations(
     source: str, limit: int | None = None, split: str | None = None
 ) -> tuple[list[Conversation], ReadReport]:
     """Read up to `limit` valid conversations from a file, folder, HF dataset (its `split`) or
     asset name."""
-    path = asset_path(source) if source in ASSETS else Path(source).expanduser()
+    path = _source_path(source)
     # a file's name or a path, not a hub id: missing, it is no dataset to look for on the hub
     local = source.startswith(("/", "./", "../", "~")) or source.endswith(_SUFFIXES)
     if local and not path.exists():

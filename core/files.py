@@ -7,6 +7,7 @@ is atomic). Every resumable stage relies on this to tell finished work from inte
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -39,3 +40,18 @@ def staged_dir(final: str | Path) -> Iterator[Path]:
         os.replace(build, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def content_digest(path: Path) -> str:
+    """sha256 (16 hex digits) of a file's bytes, or of a folder's files' relative names and bytes
+    in name order: the same for the same content wherever and whenever it was written (an asset
+    fetched again on another machine), unlike sizes and times."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():  # the name and size first, so files' bytes cannot run into each other
+            digest.update(f"{file.relative_to(path)}\0{file.stat().st_size}\0".encode())
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]

@@ -1,5 +1,6 @@
 """What a finished stage's output was made from, so it is never taken for one made with other
-settings: prepare writes `<stage dir>/settings.json` when it completes, train when it starts
+settings: prepare writes `<stage dir>/settings.json` when it completes (with a digest of the data
+source's files, so one edited in place is other data), train when it starts
 (so a training killed mid-way is resumed only with the settings its checkpoints were made with);
 collect's index.json records its own (target, dtypes).
 
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.conf.schema import Config
+from draftsmith.conversations import source_digest
 from draftsmith.files import write_text_atomic
 from draftsmith.target import chat_template_digest
 
@@ -95,6 +97,10 @@ def stage_settings(cfg: Config, stage: str) -> dict[str, Any]:
             "seed": cfg.seed,
             **data,
         }
+        # the data's content: a file edited in place under the same data.path is other data; a
+        # source not on this machine now (not fetched, moved away) is not compared
+        if (digest := source_digest(cfg.data.path)) is not None:
+            settings["data.sha256"] = digest
     elif stage == "collect":
         # the aux layers are checked against the head's when training reads the features
         settings = {

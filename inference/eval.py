@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from draftsmith.conf.schema import Config, EvalConfig
-from draftsmith.conversations import ReadReport, read_conversations
+from draftsmith.conversations import ReadReport, read_conversations, source_digest
 from draftsmith.heads import DraftHead, TargetInfo, TargetParts, load_head
 from draftsmith.heads.vocab import answer_token_counts, frequent_tokens
 from draftsmith.inference.decoder import STEP_PARTS, DecodeStats, SpecDecoder
@@ -251,6 +251,7 @@ class _Pass:
     conversations: list[list[str]]
     categories: list[str]
     skipped: dict[str, int]  # the benchmark's rows not read as prompts, by reason
+    benchmark_sha256: str | None  # what the benchmark's file held when read (None: a hub id)
     info: TargetInfo
     packed: int
     tokens: dict[str, int]
@@ -358,6 +359,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
             )
         contenders.append(_Contender(run, head_path, decoder, draft))
     e = cfg.eval
+    digest = source_digest(benchmark_source(cfg))  # before reading: as read, not as edited since
     conversations, categories, settings, report = user_turns(benchmark_source(cfg), e.limit)
     if report.skipped and shard == 0:  # every worker reads the benchmark; one says so
         print(report.summary())
@@ -432,8 +434,9 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
             if sampling.greedy and "vanilla" in seen:
                 for c in contenders:
                     c.compare(target, seen[c.run], seen["vanilla"], index)
+    skipped = dict(report.skipped)
     return _Pass(
-        contenders, conversations, categories, dict(report.skipped), info, packed, tokens, seconds
+        contenders, conversations, categories, skipped, digest, info, packed, tokens, seconds
     )
 
 
@@ -472,6 +475,7 @@ def _results(cfg: Config, p: _Pass) -> dict[str, dict]:
             "tree": vars(c.decoder.spec),
             "draft_vocab_size": c.draft_vocab,
             "eval": vars(e),
+            "benchmark_sha256": p.benchmark_sha256,
             "workers": _processes(cfg),
             # heads decoded in the same process, interleaved prompt by prompt (shared baselines)
             "decoded_with": [r for r in runs if r != c.run],
@@ -575,15 +579,28 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
 NOT_MEASURED = ("tag", "heads", "workers")
 
 
+def _benchmark_digest(cfg: Config) -> str | None:
+    """The benchmark file's `source_digest`; None when there is none to read now (a held-out
+    benchmark whose prepared data is gone: made again, the eval is stale by its lineage)."""
+    try:
+        return source_digest(benchmark_source(cfg))
+    except FileNotFoundError:
+        return None
+
+
 def changed_settings(recorded: dict, cfg: Config, tree: TreeSpec, head_path: str) -> list[str]:
     """Each eval or tree setting (and the head) an earlier results.json (`recorded`) was measured
     with that this eval's differs in, as "key: before -> now" (`differences`)."""
     now = {f"eval.{k}": v for k, v in vars(cfg.eval).items() if k not in NOT_MEASURED}
     now |= {f"tree.{k}": v for k, v in vars(tree).items()}
     now["head.path"] = os.path.normpath(head_path)
+    if (digest := _benchmark_digest(cfg)) is not None:  # a benchmark file edited in place
+        now["benchmark.sha256"] = digest
     before = {f"eval.{k}": v for k, v in recorded["eval"].items()}
     before |= {f"tree.{k}": v for k, v in recorded["tree"].items()}
     before["head.path"] = os.path.normpath(recorded["head"]["path"])
+    if recorded.get("benchmark_sha256") is not None:  # results before session 75 hold none
+        before["benchmark.sha256"] = recorded["benchmark_sha256"]
     return differences(before, now)
 
 

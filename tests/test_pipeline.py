@@ -254,6 +254,9 @@ def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path) ->
 
     before = shards()
     data.write_text(data.read_text().replace('."}', '!"}'))
+    # edited in place under the same data.path: other data, refused before anything runs
+    with pytest.raises(ValueError, match=r"prepare was made with other settings \(data.sha256"):
+        run(compose(common))
     shutil.rmtree(out / "prepare")
     assert statuses() == ["done"] * 5
     assert not set(before) & set(shards())
@@ -279,6 +282,16 @@ def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path) ->
     export.run(compose([*common, *served]))
     assert (tmp_path / "served" / "model.safetensors").exists()
     assert statuses(*served) == ["already complete"] * 5
+    # the data file moved away after it was prepared: nothing to compare, nothing to redo
+    data.unlink()
+    assert statuses() == ["already complete"] * 5
+    # a benchmark file edited in place after its eval: measured again
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"prompt": "Say 3 twice."}) + "\n")
+    assert statuses(f"eval.benchmark={bench}")[3] == "done"
+    assert statuses(f"eval.benchmark={bench}")[3] == "already complete"
+    bench.write_text(json.dumps({"prompt": "Say 4 twice."}) + "\n")
+    assert statuses(f"eval.benchmark={bench}")[3] == "done"
 
 
 def test_summary_prints_only_what_was_measured() -> None:

@@ -21,7 +21,7 @@ from draftsmith.conf.schema import Config
 from draftsmith.conversations import Conversation, read_conversations, skipped_text
 from draftsmith.files import write_text_atomic
 from draftsmith.packed import pack_linears
-from draftsmith.provenance import check_unchanged, new_id, record
+from draftsmith.provenance import check_unchanged, new_id, record, stage_settings
 from draftsmith.target import chat_template_digest, load_target, target_tokenizer
 from draftsmith.train.regen_server import served_target
 from draftsmith.train.regenerate import regenerate
@@ -89,6 +89,7 @@ def run(cfg: Config) -> dict:
         print(f"prepare: {out} is complete; delete it to redo")
         return json.loads((out / "stats.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
+    settings = stage_settings(cfg, "prepare")  # the data's digest as read, not as edited since
     d = cfg.data
     conversations, report = read_conversations(d.path, limit=d.limit, split=d.split)
     print(report.summary())
@@ -161,7 +162,7 @@ def run(cfg: Config) -> dict:
         "skipped": dict(skipped),
         "skipped_examples": examples,
     }
-    record(cfg, "prepare")
+    record(cfg, "prepare", settings)
     write_text_atomic(out / "stats.json", json.dumps(stats, indent=2))  # the last: complete
     print(
         f"prepare: {stats['rows']} rows, {stats['tokens']} tokens, "
