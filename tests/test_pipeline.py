@@ -284,7 +284,7 @@ def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path) ->
     assert statuses(*served) == ["already complete"] * 5
     # the data file moved away after it was prepared: nothing to compare, nothing to redo
     data.unlink()
-    assert statuses() == ["already complete"] * 5
+    assert statuses(*served) == ["already complete"] * 5
     # a benchmark file edited in place after its eval: measured again
     bench = tmp_path / "bench.jsonl"
     bench.write_text(json.dumps({"prompt": "Say 3 twice."}) + "\n")
