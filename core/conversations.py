@@ -24,7 +24,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,13 +116,14 @@ class ReadReport:
     rows_seen: int = 0
     rows_kept: int = 0
     skipped: Counter = field(default_factory=Counter)
-    examples: list[str] = field(default_factory=list)  # first few "row <id>: <reason>"
+    examples: list[str] = field(default_factory=list)  # first few "<where>: <reason>"
     truncated_bytes: int = 0  # bytes after the last complete record of a cut-off JSON array
 
-    def skip(self, row: Any, reason: str) -> None:
+    def skip(self, where: str, reason: str) -> None:
+        """Count a skipped row; `where` names it ("row 3", "b.jsonl row 0", "row q-sys")."""
         self.skipped[reason.split(":")[0]] += 1
         if len(self.examples) < 20:
-            self.examples.append(f"row {row}: {reason}")
+            self.examples.append(f"{where}: {reason}")
 
     def summary(self) -> str:
         text = f"{self.source}: kept {self.rows_kept}/{self.rows_seen} rows"
@@ -457,6 +458,10 @@ def source_digest(source: str) -> str | None:
     return content_digest(path) if path.exists() else None
 
 
+def _numbered(prefix: str, records: Iterable) -> Iterator[tuple[str, Any]]:
+    return ((f"{prefix}row {i}", record) for i, record in enumerate(records))
+
+
 def read_conversations(
     source: str, limit: int | None = None, split: str | None = None
 ) -> tuple[list[Conversation], ReadReport]:
@@ -479,23 +484,26 @@ def read_conversations(
     loose = path.is_file() or (has_json and not any((path / f).exists() for f in _DATASET_MARKERS))
     if split is not None and loose:
         raise ValueError(f"data.split={split}: {source} is files, which have no splits")
+    # (where a skipped row is, record): rows count from 0 in each file, as its readers index them
     if path.is_file():
-        records = _iter_records(path, report)
+        located = _numbered("", _iter_records(path, report))
     elif loose:
-        # loose files, JSON among them: each file read in name order, Parquet/Arrow/CSV too
-        records = (r for p in files for r in _iter_records(p, report))
+        # loose files, JSON among them: each file read in name order, Parquet/Arrow/CSV too;
+        # a skipped row is named by its file and its row there
+        located = (row for p in files for row in _numbered(f"{p.name} ", _iter_records(p, report)))
     else:  # a saved dataset, a folder of Parquet/Arrow/CSV files (datasets finds them), a hub id
-        records = _iter_dataset(str(path) if path.is_dir() else str(source), split=split)
+        source_rows = _iter_dataset(str(path) if path.is_dir() else str(source), split=split)
+        located = _numbered("", source_rows)
     conversations: list[Conversation] = []
-    for index, record in enumerate(records):
+    for index, (where, record) in enumerate(located):
         if limit is not None and len(conversations) >= limit:
             break
         report.rows_seen += 1
         try:
             if isinstance(record, RowError):
                 raise record
-            conversations.append(parse_row(record, index))
+            conversations.append(parse_row(record, index))  # ids count across files
         except RowError as err:
-            report.skip(index, str(err))
+            report.skip(where, str(err))
     report.rows_kept = len(conversations)
     return conversations, report

@@ -194,6 +194,12 @@ def test_folder_of_json_and_parquet_files_reads_both(tmp_path: Path) -> None:
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "b.parquet"))
     convs, report = read_conversations(str(tmp_path))
     assert [c.turns[0].content for c in convs] == ["q0", "q1", "q2"] and report.rows_kept == 3
+    # a skipped row is named by its file and its row there, not by its place among all files
+    (tmp_path / "c.jsonl").write_text(json.dumps({"prompt": "q3", "response": "a3"}) + "\n{x\n")
+    (tmp_path / "d.jsonl").write_text(json.dumps({"weird": 1}) + "\n")
+    convs, report = read_conversations(str(tmp_path))
+    assert [c.id for c in convs] == ["0", "1", "2", "3"] and report.rows_seen == 6
+    assert [e.split(":")[0] for e in report.examples] == ["c.jsonl row 1", "d.jsonl row 0"]
 
 
 def test_csv_messages_column_holds_json_lists(tmp_path: Path) -> None:
