@@ -156,11 +156,11 @@ class SpecDecoder:
         return tree if cut is None else tree.best(cut.size(tree.scores))
 
     def draws(self, sampling: Sampling, generator: torch.Generator | None) -> Draws:
-        """How trees pick children for `sampling`: drawn at its temperature or at
-        `tree.draw_temperature` (`sample_drafts` and temperature > 0), else the head's top k."""
+        """How trees pick children for `sampling`: drawn at its temperature (`sample_drafts`
+        and temperature > 0), else the head's top k."""
         if sampling.greedy or not self.spec.sample_drafts:
             return Draws()
-        return Draws(self.spec.draw_temperature or sampling.temperature, generator)
+        return Draws(sampling.temperature, generator)
 
     @torch.no_grad()
     def generate(

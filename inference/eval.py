@@ -552,8 +552,6 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
         tag += "-allturns"
     if cfg.eval.temperature > 0 and t.sample_drafts and not cfg.eval.tag:
         tag += "-drawn"  # children drawn from the head (earlier T > 0 evals took its top k)
-        if t.draw_temperature:
-            tag += f"{t.draw_temperature:g}"
     if cfg.eval.temperature > 0 and t.verify == "traversal" and not cfg.eval.tag:
         tag += "-traversal"  # whole paths decided at once (at T=0 the same greedy walk)
     if not cfg.eval.tag:  # another template or its variables, other prompts: other results

@@ -160,10 +160,6 @@ class TreeSpec:
     # at temperature > 0: draw each node's children from the head's distribution (without
     # replacement; verified by recursive rejection sampling) instead of taking its top k
     sample_drafts: bool = True
-    # with drawn children: the temperature the head's distribution is drawn at, 0 = the
-    # sampling temperature (any other keeps the target's distribution: verification reads the
-    # distribution the children were drawn from)
-    draw_temperature: float = 0.0
     # dynamic trees at T=0 (or top-k children): verify, per step, only the best nodes worth
     # their share of the forward's cost on this machine (measured when the decoder is built;
     # inference/costs.py), up to total_tokens
@@ -180,8 +176,6 @@ class TreeSpec:
             raise ValueError(f"tree.verify={self.verify!r}: expected token or traversal")
         if self.attention not in ("sdpa", "flex", "flash"):
             raise ValueError(f"tree.attention={self.attention!r}: expected sdpa, flex or flash")
-        if self.draw_temperature < 0:
-            raise ValueError(f"tree.draw_temperature={self.draw_temperature}: expected >= 0")
         for name, least in (("depth", 1), ("top_k", 1), ("total_tokens", 2)):  # 2: root + a draft
             if getattr(self, name) < least:
                 raise ValueError(f"tree.{name}={getattr(self, name)}: expected >= {least}")

@@ -387,10 +387,6 @@ def test_every_head_samples_with_drawn_trees(name, tree, tiny_target, tiny_token
 SAMPLING_TREES = {
     "dynamic, drawn": TreeSpec(kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2),
     "dynamic, drawn, top-p": TreeSpec(kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2),
-    # drawn from the head's distribution sharpened (`tree.draw_temperature`), not at T
-    "dynamic, drawn at 0.5": TreeSpec(
-        kind="dynamic", depth=2, top_k=2, total_tokens=5, lookup=2, draw_temperature=0.5
-    ),
     "static, drawn": TreeSpec(kind="static", depth=2, top_k=2, total_tokens=6, lookup=2),
     "static, drawn, traversal": TreeSpec(
         kind="static", depth=2, top_k=2, total_tokens=6, lookup=2, verify="traversal"
