@@ -1,13 +1,14 @@
 """Hydra glue: register the schemas and the `by_dtype` resolver, compose configs, and convert
-them once to dataclasses.
+them once to dataclasses; save a composed config and load it back (what launched ranks read).
 
-Only the CLI entry points and tests call this module; everything downstream receives the typed
-`Config` dataclass, never a DictConfig.
+Only the CLI entry points, the launcher and tests call this module; everything downstream
+receives the typed `Config` dataclass, never a DictConfig.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -23,6 +24,7 @@ from draftsmith.conf.schema import (
     TargetConfig,
     TrainConfig,
 )
+from draftsmith.files import write_text_atomic
 from draftsmith.heads import HEADS
 from draftsmith.inference.tree import TreeSpec
 
@@ -88,3 +90,16 @@ def compose(overrides: list[str] | None = None) -> Config:
     register_schemas()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return to_typed(hydra_compose(config_name=CONFIG_NAME, overrides=overrides or []))
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """`cfg` as YAML, every value resolved, for `load_config` (how launched ranks get the very
+    config of the process that launched them, however it was made)."""
+    write_text_atomic(path, OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+
+
+def load_config(path: str | Path) -> Config:
+    """The Config `save_config` wrote; the head's fields typed by the head it names."""
+    raw = OmegaConf.load(path)
+    schema = OmegaConf.structured(Config(head=HEADS[raw.head.name][0]()))
+    return to_typed(OmegaConf.merge(schema, raw))

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +18,7 @@ import torch
 from pipeline import tiny_run
 from safetensors.torch import load_file
 
-from draftsmith.config import compose
+from draftsmith.config import compose, save_config
 from draftsmith.heads.medusa import MedusaHead
 from draftsmith.inference.eval import draft_vocabulary
 from draftsmith.train import loop
@@ -267,24 +268,28 @@ def test_loss_on_all_trains_every_real_token(run_overrides) -> None:
     assert losses(root, "all")[1] != losses(root, "asst")[1]
 
 
+RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
+
+
 def _clean_env() -> dict[str, str]:
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
-    return {k: v for k, v in os.environ.items() if k not in drop}
+    return {k: v for k, v in os.environ.items() if k not in RANK_ENV}
 
 
 @pytest.mark.parametrize(
     "optimizer", [["deepspeed=zero2"], ["deepspeed=zero0", "train.optimizer=muon"]]
 )
-def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str]) -> None:
-    """The 2 ranks launched by `draftsmith train`, and (ZeRO 2) by `draftsmith run`'s train
-    stage, which reports the launched training's steps."""
+def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str], monkeypatch) -> None:
+    """The 2 ranks launched by `draftsmith run`'s train stage (ZeRO 2), which reports the
+    launched training's steps, and (Muon) by the train stage called from Python."""
+    from draftsmith.train import launch
+
     common = [*run_overrides, *optimizer, "train.max_steps=3", "train.save_every=1000"]
     cli = [sys.executable, "-m", "draftsmith.cli"]
-    launched = ["run", "stages=[train]"] if "deepspeed=zero2" in optimizer else ["train"]
-    for command, extra in (
-        (["train"], ["run_name=one", "inputs_from=t", "train.grad_accum=2"]),
-        (launched, ["run_name=two", "inputs_from=t", "launcher=deepspeed", "nproc=2"]),
-    ):
+    launched = ["run_name=two", "inputs_from=t", "launcher=deepspeed", "nproc=2"]
+    commands = [(["train"], ["run_name=one", "inputs_from=t", "train.grad_accum=2"])]
+    if "deepspeed=zero2" in optimizer:
+        commands.append((["run", "stages=[train]"], launched))
+    for command, extra in commands:
         result = subprocess.run(
             [*cli, *command, *common, *extra],
             env=_clean_env(),
@@ -293,9 +298,13 @@ def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str]) -> None:
             timeout=600,
         )
         assert result.returncode == 0, result.stderr[-3000:]
-    if launched[0] == "run":
+    if "deepspeed=zero2" in optimizer:
         summary = json.loads(Path(runs_dir(run_overrides), "two", "summary.json").read_text())
         assert summary["train"]["steps"] == 3
+    else:
+        for name in RANK_ENV:  # set by the in-process trainings before it
+            monkeypatch.delenv(name, raising=False)
+        assert launch.run(compose([*common, *launched]))["steps"] == 3
     root = Path(runs_dir(run_overrides))
     one = load_file(str(root / "one/train/head/model.safetensors"))
     two = load_file(str(root / "two/train/head/model.safetensors"))
@@ -305,13 +314,16 @@ def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str]) -> None:
 
 
 def test_a_launched_training_reports_where_it_stopped(tmp_path: Path, monkeypatch) -> None:
-    """`launcher=deepspeed`: the ranks re-read the command line, with the resume `draftsmith run`
-    asks for in place of the user's; a time-boxed training's steps are read back from the
-    checkpoint it stopped at (no launch here: the launcher's run is recorded, its checkpoint
-    written as the ranks would)."""
+    """`launcher=deepspeed`, called from Python: the ranks read this process's very config
+    (with the resume `draftsmith run` asks for), saved beside the training; a time-boxed
+    training's steps are read back from the checkpoint it stopped at (no launch here: the
+    launcher's run is recorded, its checkpoint written as the ranks would)."""
+    from draftsmith.config import load_config
     from draftsmith.train import engine, launch
 
-    cfg = compose([f"runs_dir={tmp_path}", "launcher=deepspeed", "nproc=2", "resume=true"])
+    cfg = compose(
+        [f"runs_dir={tmp_path}", "launcher=deepspeed", "nproc=2", "resume=true", "seed=3"]
+    )
     checkpoints = Path(cfg.stage_dir("train"), "checkpoints")
     launched = []
 
@@ -323,9 +335,13 @@ def test_a_launched_training_reports_where_it_stopped(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(launch.subprocess, "run", ranks)
     monkeypatch.delenv("RANK", raising=False)  # set by the in-process trainings before it
-    monkeypatch.setattr(sys, "argv", ["draftsmith run", "stage=run", "resume=false", "seed=3"])
     assert launch.run(cfg) == {"steps": 4, "stopped_early": True}
-    assert launched[0][-3:] == ["seed=3", "resume=true", "launcher=none"]
+    config = Path(cfg.stage_dir("train"), "launch.yaml")
+    assert launched[0][-1] == f"--config={config}"
+    assert load_config(config) == replace(cfg, stage="train", launcher="none")
+    hydra = compose([f"runs_dir={tmp_path}", "head=hydra", "tree=static", "train.lr=2e-3"])
+    save_config(hydra, tmp_path / "hydra.yaml")  # each head's own fields read back typed
+    assert load_config(tmp_path / "hydra.yaml") == hydra
 
 
 @pytest.mark.parametrize("head", ["eagle3", "hydra"])

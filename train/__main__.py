@@ -1,5 +1,6 @@
 """`python -m draftsmith.train [overrides]`: the train stage, for `deepspeed -m draftsmith.train`
-and torchrun launches (every rank runs the same Hydra app; only rank 0 writes shared files)."""
+and torchrun launches (every rank runs the same Hydra app; only rank 0 writes shared files).
+`--config=<yaml>` instead of overrides: the config `launcher=deepspeed` saved for its ranks."""
 
 import sys
 
@@ -7,4 +8,13 @@ from draftsmith.cli import run_stage
 
 if __name__ == "__main__":
     # deepspeed's launcher appends --local_rank=N; the rank also arrives as LOCAL_RANK in the env
-    run_stage("train", [a for a in sys.argv[1:] if not a.startswith("--local_rank")])
+    args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    if len(args) == 1 and args[0].startswith("--config="):
+        from draftsmith.allocator import reuse_freed_memory
+        from draftsmith.config import load_config
+        from draftsmith.train.launch import run
+
+        reuse_freed_memory()  # as run_stage does for every stage
+        run(load_config(args[0].removeprefix("--config=")))
+    else:
+        run_stage("train", args)

@@ -1,7 +1,8 @@
-"""Head training stage entry (`draftsmith train`, and `draftsmith run`'s train stage):
-in-process, or `launcher=deepspeed nproc=N`, which re-runs `-m draftsmith.train` under
-DeepSpeed's launcher with N ranks on this machine. Multi-node: run
-`deepspeed --hostfile hosts -m draftsmith.train ...` yourself (see README)."""
+"""Head training stage entry (`draftsmith train`, `draftsmith run`'s train stage, or `run(cfg)`
+from Python): in-process, or `launcher=deepspeed nproc=N`, which runs `-m draftsmith.train`
+under DeepSpeed's launcher with N ranks on this machine, each reading this process's config
+from runs/<run>/train/launch.yaml. Multi-node: run `deepspeed --hostfile hosts -m
+draftsmith.train ...` yourself (see README)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from draftsmith.conf.schema import Config
+from draftsmith.config import save_config
 from draftsmith.train.engine import free_port, latest_step
 
 
@@ -21,12 +24,12 @@ def run(cfg: Config) -> dict:
         from draftsmith.train.loop import run as train
 
         return train(cfg)
-    if not sys.argv[0].startswith("draftsmith"):  # the ranks re-read the command line
-        raise RuntimeError("launcher=deepspeed launches from the `draftsmith` command line")
-    drop = ("launcher=", "nproc=", "stage=", "resume=")
-    overrides = [a for a in sys.argv[1:] if not a.startswith(drop)]
-    # as this stage was asked: `draftsmith run` continues a killed training with resume=true
-    overrides.append(f"resume={str(cfg.resume).lower()}")
+    out = Path(cfg.stage_dir("train"))
+    out.mkdir(parents=True, exist_ok=True)
+    # the ranks run this very config, whether it came from the command line, from `draftsmith
+    # run` (which continues a killed training with resume=true) or from Python
+    launch_config = out / "launch.yaml"
+    save_config(replace(cfg, stage="train", launcher="none"), launch_config)
     # DeepSpeed's launcher through this interpreter: works whether or not the venv's `deepspeed`
     # script is on PATH (e.g. `.venv/bin/python -m pytest` without activating the venv)
     cmd = [
@@ -39,14 +42,12 @@ def run(cfg: Config) -> dict:
         str(free_port()),
         "--module",
         "draftsmith.train",
-        *overrides,
-        "launcher=none",
+        f"--config={launch_config}",
     ]
     print("launch:", " ".join(cmd))
     result = subprocess.run(cmd)
     if result.returncode != 0:
         raise SystemExit(f"deepspeed launch failed with exit code {result.returncode}")
-    out = Path(cfg.stage_dir("train"))
     if (out / "summary.json").exists():
         return json.loads((out / "summary.json").read_text())
     # time-boxed (train.stop_after): the checkpoint it stopped at
