@@ -260,6 +260,7 @@ def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path) ->
     shutil.rmtree(out / "prepare")
     assert statuses() == ["done"] * 5
     assert not set(before) & set(shards())
+    assert lineage()[0] != made  # the finished head trained again on the new features
     index = json.loads((out / "collect" / "index.json").read_text())
     prepared = json.loads((out / "prepare" / "stats.json").read_text())
     assert index["inputs"] == prepared["made"] != None  # noqa: E711

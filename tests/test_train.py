@@ -121,6 +121,23 @@ def test_resume_continues_the_loss_curve_exactly(
     assert (out / "metrics.jsonl").read_text() == ""  # a new curve
 
 
+def test_a_finished_training_is_kept(run_overrides, capsys) -> None:
+    """`draftsmith train` on a finished training does not train it again (a rerun by mistake
+    would overwrite its head): with its settings it is complete, with others refused, as
+    prepare and collect keep theirs."""
+    from draftsmith.train import launch
+
+    common = [*run_overrides, "inputs_from=t", "run_name=kept", "train.max_steps=2"]
+    first = launch.run(compose(common))
+    head = Path(first["head"], "model.safetensors")
+    before = head.read_bytes(), head.stat().st_mtime_ns
+    assert launch.run(compose(common)) == first
+    assert "is complete; delete it to redo" in capsys.readouterr().out
+    assert (head.read_bytes(), head.stat().st_mtime_ns) == before
+    with pytest.raises(ValueError, match=r"train.lr: 0.003 -> 0.001"):
+        launch.run(compose([*common, "train.lr=1e-3"]))
+
+
 def killed_at(monkeypatch, call: int) -> None:
     """Training is interrupted (Ctrl-C, a killed job) at its `call`-th step of the invocation."""
     real, calls = loop.train_step, itertools.count(1)
@@ -285,8 +302,10 @@ def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str], monkeypat
 
     common = [*run_overrides, *optimizer, "train.max_steps=3", "train.save_every=1000"]
     cli = [sys.executable, "-m", "draftsmith.cli"]
-    launched = ["run_name=two", "inputs_from=t", "launcher=deepspeed", "nproc=2"]
-    commands = [(["train"], ["run_name=one", "inputs_from=t", "train.grad_accum=2"])]
+    tag = "muon" if "train.optimizer=muon" in optimizer else "adamw"
+    one, two = f"one_{tag}", f"two_{tag}"  # each its own: a finished training is kept
+    launched = [f"run_name={two}", "inputs_from=t", "launcher=deepspeed", "nproc=2"]
+    commands = [(["train"], [f"run_name={one}", "inputs_from=t", "train.grad_accum=2"])]
     if "deepspeed=zero2" in optimizer:
         commands.append((["run", "stages=[train]"], launched))
     for command, extra in commands:
@@ -299,18 +318,17 @@ def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str], monkeypat
         )
         assert result.returncode == 0, result.stderr[-3000:]
     if "deepspeed=zero2" in optimizer:
-        summary = json.loads(Path(runs_dir(run_overrides), "two", "summary.json").read_text())
+        summary = json.loads(Path(runs_dir(run_overrides), two, "summary.json").read_text())
         assert summary["train"]["steps"] == 3
     else:
         for name in RANK_ENV:  # set by the in-process trainings before it
             monkeypatch.delenv(name, raising=False)
         assert launch.run(compose([*common, *launched]))["steps"] == 3
     root = Path(runs_dir(run_overrides))
-    one = load_file(str(root / "one/train/head/model.safetensors"))
-    two = load_file(str(root / "two/train/head/model.safetensors"))
-    assert one.keys() == two.keys()
-    for key in one:  # fp32 gloo all-reduce vs local accumulation: summation order differs
-        torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-6)
+    ranks = {n: load_file(str(root / n / "train/head/model.safetensors")) for n in (one, two)}
+    assert ranks[one].keys() == ranks[two].keys()
+    for key in ranks[one]:  # fp32 gloo all-reduce vs local accumulation: summation order differs
+        torch.testing.assert_close(ranks[two][key], ranks[one][key], rtol=1e-4, atol=1e-6)
 
 
 def test_a_launched_training_reports_where_it_stopped(tmp_path: Path, monkeypatch) -> None:

@@ -15,16 +15,23 @@ from pathlib import Path
 
 from draftsmith.conf.schema import Config
 from draftsmith.config import save_config
+from draftsmith.provenance import check_unchanged, stale
 from draftsmith.train.engine import free_port, latest_step
 
 
 def run(cfg: Config) -> dict:
-    """Train; returns what the training loop returns (launched: read back from its folder)."""
+    """Train; returns what the training loop returns (launched: read back from its folder). A
+    finished training is kept, as prepare and collect keep theirs: with its settings it is
+    complete, with others refused; made from features made again since, it trains afresh."""
+    out = Path(cfg.stage_dir("train"))
+    if (out / "summary.json").exists() and not stale(cfg, "train"):
+        check_unchanged(cfg, "train")
+        print(f"train: {out} is complete; delete it to redo")
+        return json.loads((out / "summary.json").read_text())
     if cfg.launcher == "none" or "RANK" in os.environ:
         from draftsmith.train.loop import run as train
 
         return train(cfg)
-    out = Path(cfg.stage_dir("train"))
     out.mkdir(parents=True, exist_ok=True)
     # the ranks run this very config, whether it came from the command line, from `draftsmith
     # run` (which continues a killed training with resume=true) or from Python
