@@ -5,10 +5,11 @@ Sources: ShareGPT JSON/JSONL (`conversations: [{from, value}]`), OpenAI messages
 pairs, Alpaca rows (`instruction`, `input`, `output`), plain text rows (`text`), MT-bench
 (`turns`), HumanEval (`prompt`); as JSON, JSONL (optionally .gz), Parquet, Arrow or CSV files,
 folders of them, HF datasets saved on disk or on the hub, and the embedded data assets by name.
-Malformed rows are skipped with their index and reason counted in a `ReadReport`, never
-silently; a file that cannot be read at all is an error naming it. A JSON array cut off
-mid-record (the embedded ShareGPT file is) keeps every complete record; a complete array with a
-malformed record is an error, as reading on past it cannot be done reliably.
+Malformed rows are skipped with their reason counted in a `ReadReport` and the first few named
+where they are (a folder's file, then its line in JSON Lines, else its row), never silently; a
+file that cannot be read at all is an error naming it. A JSON array cut off mid-record (the
+embedded ShareGPT file is) keeps every complete record; a complete array with a malformed
+record is an error, as reading on past it cannot be done reliably.
 
 Tool use, as chat templates take it: a row's `tools` (function schemas, a list or JSON text),
 assistant turns with `tool_calls` (OpenAI's `{type, function: {name, arguments}}`, arguments as
@@ -120,7 +121,7 @@ class ReadReport:
     truncated_bytes: int = 0  # bytes after the last complete record of a cut-off JSON array
 
     def skip(self, where: str, reason: str) -> None:
-        """Count a skipped row; `where` names it ("row 3", "b.jsonl row 0", "row q-sys")."""
+        """Count a skipped row; `where` names it ("line 4", "row 3", "b.jsonl line 1")."""
         self.skipped[reason.split(":")[0]] += 1
         if len(self.examples) < 20:
             self.examples.append(f"{where}: {reason}")
@@ -349,19 +350,25 @@ _JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 _SUFFIXES = (*_JSON_SUFFIXES, *_BUILDERS)
 
 
-def _json_lines(lines: Iterable[str]):
-    for line_no, line in enumerate(lines):
+def _json_lines(lines: Iterable[str]) -> Iterator[tuple[str, Any]]:
+    for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
+            yield f"line {line_no}", json.loads(line)
         except json.JSONDecodeError as err:
-            yield RowError(f"invalid JSON: line {line_no + 1}: {err.msg}")
+            yield f"line {line_no}", RowError(f"invalid JSON: {err.msg}")
 
 
-def _iter_records(path: Path, report: ReadReport):
+def _numbered(records: Iterable) -> Iterator[tuple[str, Any]]:
+    return ((f"row {i}", record) for i, record in enumerate(records))
+
+
+def _iter_records(path: Path, report: ReadReport) -> Iterator[tuple[str, Any]]:
+    """(where, record) of each record of a file: where is "line N" in JSON Lines (from 1, as
+    editors count), else "row N" (from 0, as a JSON array or a dataset indexes it)."""
     if path.suffix in _BUILDERS:
-        yield from _iter_dataset(_BUILDERS[path.suffix], data_files=str(path))
+        yield from _numbered(_iter_dataset(_BUILDERS[path.suffix], data_files=str(path)))
         return
     if not path.name.endswith(_JSON_SUFFIXES):
         raise ValueError(
@@ -378,7 +385,7 @@ def _iter_records(path: Path, report: ReadReport):
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     if text.lstrip().startswith("["):
-        yield from _iter_json_array(text, path, report)
+        yield from _numbered(_iter_json_array(text, path, report))
         return
     try:
         record = json.loads(text)
@@ -390,7 +397,7 @@ def _iter_records(path: Path, report: ReadReport):
         # one value per line: JSON Lines under a .json name (many hub datasets' files are)
         yield from _json_lines(text.splitlines())
         return
-    yield from _unwrapped(record, path)
+    yield from _numbered(_unwrapped(record, path))
 
 
 def _unwrapped(record: Any, path: Path) -> list:
@@ -458,10 +465,6 @@ def source_digest(source: str) -> str | None:
     return content_digest(path) if path.exists() else None
 
 
-def _numbered(prefix: str, records: Iterable) -> Iterator[tuple[str, Any]]:
-    return ((f"{prefix}row {i}", record) for i, record in enumerate(records))
-
-
 def read_conversations(
     source: str, limit: int | None = None, split: str | None = None
 ) -> tuple[list[Conversation], ReadReport]:
@@ -484,16 +487,19 @@ def read_conversations(
     loose = path.is_file() or (has_json and not any((path / f).exists() for f in _DATASET_MARKERS))
     if split is not None and loose:
         raise ValueError(f"data.split={split}: {source} is files, which have no splits")
-    # (where a skipped row is, record): rows count from 0 in each file, as its readers index them
+    # (where a skipped row is, record)
     if path.is_file():
-        located = _numbered("", _iter_records(path, report))
+        located = _iter_records(path, report)
     elif loose:
         # loose files, JSON among them: each file read in name order, Parquet/Arrow/CSV too;
-        # a skipped row is named by its file and its row there
-        located = (row for p in files for row in _numbered(f"{p.name} ", _iter_records(p, report)))
+        # a skipped row is named by its file and its place there
+        located = (
+            (f"{p.name} {where}", record)
+            for p in files
+            for where, record in _iter_records(p, report)
+        )
     else:  # a saved dataset, a folder of Parquet/Arrow/CSV files (datasets finds them), a hub id
-        source_rows = _iter_dataset(str(path) if path.is_dir() else str(source), split=split)
-        located = _numbered("", source_rows)
+        located = _numbered(_iter_dataset(str(path) if path.is_dir() else str(source), split=split))
     conversations: list[Conversation] = []
     for index, (where, record) in enumerate(located):
         if limit is not None and len(conversations) >= limit:

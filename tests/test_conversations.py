@@ -97,7 +97,7 @@ def test_openai_messages_jsonl_with_bad_lines(tmp_path: Path) -> None:
     convs, report = read_conversations(str(path))
     assert [c.turns[0].content for c in convs] == ["u", "plain text row", "sf"]
     assert report.skipped == {"invalid JSON": 1, "unknown format": 1}
-    assert any(e.startswith("row 1:") for e in report.examples)
+    assert any(e.startswith("line 2:") for e in report.examples)
 
 
 def test_mtbench_and_humaneval_formats(tmp_path: Path) -> None:
@@ -194,12 +194,12 @@ def test_folder_of_json_and_parquet_files_reads_both(tmp_path: Path) -> None:
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "b.parquet"))
     convs, report = read_conversations(str(tmp_path))
     assert [c.turns[0].content for c in convs] == ["q0", "q1", "q2"] and report.rows_kept == 3
-    # a skipped row is named by its file and its row there, not by its place among all files
+    # a skipped row is named by its file and its line there, not by its place among all files
     (tmp_path / "c.jsonl").write_text(json.dumps({"prompt": "q3", "response": "a3"}) + "\n{x\n")
     (tmp_path / "d.jsonl").write_text(json.dumps({"weird": 1}) + "\n")
     convs, report = read_conversations(str(tmp_path))
     assert [c.id for c in convs] == ["0", "1", "2", "3"] and report.rows_seen == 6
-    assert [e.split(":")[0] for e in report.examples] == ["c.jsonl row 1", "d.jsonl row 0"]
+    assert [e.split(":")[0] for e in report.examples] == ["c.jsonl line 2", "d.jsonl line 1"]
 
 
 def test_csv_messages_column_holds_json_lists(tmp_path: Path) -> None:
@@ -294,7 +294,7 @@ def test_rows_of_the_wrong_shape_are_skipped_with_their_reasons(tmp_path: Path) 
         "turn 1 is not an object": 1,
         "non-string content": 1,
     }
-    assert [e.split(":")[0] for e in report.examples] == ["row 0", "row 1", "row 2", "row 3"]
+    assert [e.split(":")[0] for e in report.examples] == ["line 1", "line 2", "line 3", "line 4"]
 
 
 WEATHER = {
@@ -366,9 +366,9 @@ def test_tool_use_rows(tmp_path: Path) -> None:
     convs, report = read_conversations(str(path))
     assert [c.id for c in convs] == ["openai", "llamafactory", "xlam"]
     assert report.examples == [
-        "row 3: invalid tool call: turn 1 call 0 arguments are not JSON: Expecting property name "
+        "line 4: invalid tool call: turn 1 call 0 arguments are not JSON: Expecting property name "
         "enclosed in double quotes at column 2",
-        "row 4: invalid tool call: turn 0 is a user turn with tool_calls",
+        "line 5: invalid tool call: turn 0 is a user turn with tool_calls",
     ]
     openai, factory, xlam = convs
     assert openai.tools == factory.tools == xlam.tools == [WEATHER]

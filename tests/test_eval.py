@@ -86,7 +86,7 @@ def test_benchmark_rows_that_are_not_prompts_are_reported(
     assert r["prompts"] == 1
     assert r["skipped"] == {"invalid JSON": 1, "no user turn": 1}
     printed = capsys.readouterr().out
-    assert "kept 1/3 rows" in printed and "row 1: invalid JSON" in printed
+    assert "kept 1/3 rows" in printed and "line 2: invalid JSON" in printed
     assert "row q-sys: no user turn" in printed
     (report,) = (tmp_path / "runs").glob("*/eval/*/results.md")
     assert "Benchmark rows skipped: {'invalid JSON': 1, 'no user turn': 1}" in report.read_text()

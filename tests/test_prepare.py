@@ -392,8 +392,8 @@ def test_prepare_without_training_rows_names_the_rows_it_skipped(tmp_path: Path)
         prepare.run(cfg)
     message = str(err.value)
     assert "kept 2/4 rows" in message
-    assert "row 1: unknown role: turn 1 has role='assistent'" in message
-    assert "row 3: invalid JSON" in message and "1 held out" in message
+    assert "line 2: unknown role: turn 1 has role='assistent'" in message
+    assert "line 4: invalid JSON" in message and "1 held out" in message
     assert "no assistant turn" in message
     assert not Path(cfg.stage_dir("prepare"), "stats.json").exists()
 
