@@ -1,7 +1,9 @@
-"""`draftsmith run`: prepare -> collect -> train -> eval -> export, each stage skipped when its
-output is already complete (so a killed run is continued by running the same command again);
-`stages=[...]` runs a subset, and the summary still lists the others. The summary reports the
-eval this invocation's settings name, and points to the table of all the run's evals.
+"""`draftsmith run`: prepare -> collect -> train -> eval -> export, what is complete skipped.
+
+Each stage is skipped when its output is already complete (so a killed run is continued by
+running the same command again); `stages=[...]` runs a subset, and the summary still lists the
+others. The summary reports the eval this invocation's settings name, and points to the table
+of all the run's evals.
 
 Stages run in this process with the same typed config; a summary table of what each stage
 produced and how long it took (also when an earlier invocation ran it: each run keeps

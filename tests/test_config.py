@@ -119,6 +119,21 @@ def test_cli_prints_the_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert "inputs_from: smollm2_eagle3" in out and "name: medusa" in out
 
 
+def test_cli_help_sums_up_each_command_in_a_whole_sentence(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`draftsmith --help` shows each stage's summary line (its module's first docstring line),
+    never a line cut mid-sentence."""
+    from draftsmith import cli
+
+    assert cli.main(["--help"]) == 0
+    rows = {
+        line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line[:2] == "  "
+    }
+    for stage in cli.STAGES:
+        assert rows[stage].endswith("."), rows[stage]
+
+
 def test_cli_takes_overrides_after_its_flags(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

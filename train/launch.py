@@ -1,8 +1,9 @@
-"""Head training stage entry (`draftsmith train`, `draftsmith run`'s train stage, or `run(cfg)`
-from Python): in-process, or `launcher=deepspeed nproc=N`, which runs `-m draftsmith.train`
-under DeepSpeed's launcher with N ranks on this machine, each reading this process's config
-from runs/<run>/train/launch.yaml. Multi-node: run `deepspeed --hostfile hosts -m
-draftsmith.train ...` yourself (see README)."""
+"""Train a draft head (`draftsmith train`), in this process or as N DeepSpeed ranks.
+
+The train stage of `draftsmith run` too, and `run(cfg)` from Python: in-process, or
+`launcher=deepspeed nproc=N`, which runs `-m draftsmith.train` under DeepSpeed's launcher with
+N ranks on this machine, each reading this process's config from runs/<run>/train/launch.yaml.
+Multi-node: run `deepspeed --hostfile hosts -m draftsmith.train ...` yourself (see README)."""
 
 from __future__ import annotations
 
