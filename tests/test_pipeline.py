@@ -267,11 +267,14 @@ def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path) ->
     # a time-boxed training, then the features collected again: not resumed from its checkpoints
     shutil.rmtree(out / "train")
     assert statuses("train.stop_after=1")[2] == "stopped at step 1 (train.stop_after)"
+    stopped = json.loads((out / "train" / "stopped.json").read_text())  # for a launcher to read
+    assert (stopped["steps"], stopped["seconds_before_resume"]) == (1, 0.0)
     shutil.rmtree(out / "collect")
     assert statuses("stages=[collect]")[1] == "done"
     with pytest.raises(ValueError, match="checkpoints were trained on collect output made again"):
         loop.run(compose([*common, "resume=true"]))
     assert statuses() == ["already complete"] * 2 + ["done"] * 3
+    assert not (out / "train" / "stopped.json").exists()  # finished since
     settings = json.loads((out / "train" / "settings.json").read_text())
     assert settings["inputs"] == json.loads((out / "collect" / "index.json").read_text())["made"]
     # the README's `draftsmith export format=... out=<folder>`: another folder, the run's

@@ -334,26 +334,25 @@ def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str], monkeypat
 def test_a_launched_training_reports_where_it_stopped(tmp_path: Path, monkeypatch) -> None:
     """`launcher=deepspeed`, called from Python: the ranks read this process's very config
     (with the resume `draftsmith run` asks for), saved beside the training; a time-boxed
-    training's steps are read back from the checkpoint it stopped at (no launch here: the
-    launcher's run is recorded, its checkpoint written as the ranks would)."""
+    training's steps and earlier seconds are read back from what its rank 0 wrote (no launch
+    here: the launcher's run is recorded, and what rank 0 writes written as it would)."""
     from draftsmith.config import load_config
-    from draftsmith.train import engine, launch
+    from draftsmith.train import launch
 
     cfg = compose(
         [f"runs_dir={tmp_path}", "launcher=deepspeed", "nproc=2", "resume=true", "seed=3"]
     )
-    checkpoints = Path(cfg.stage_dir("train"), "checkpoints")
+    stopped = {"steps": 4, "stopped_early": True, "seconds_before_resume": 12.5}
     launched = []
 
     def ranks(cmd: list[str]) -> SimpleNamespace:
         launched.append(cmd)
-        checkpoints.mkdir(parents=True)
-        (checkpoints / "latest").write_text(f"{engine.CHECKPOINT}{4:08d}")
+        Path(cfg.stage_dir("train"), loop.STOPPED).write_text(json.dumps(stopped))
         return SimpleNamespace(returncode=0)
 
     monkeypatch.setattr(launch.subprocess, "run", ranks)
     monkeypatch.delenv("RANK", raising=False)  # set by the in-process trainings before it
-    assert launch.run(cfg) == {"steps": 4, "stopped_early": True}
+    assert launch.run(cfg) == stopped
     config = Path(cfg.stage_dir("train"), "launch.yaml")
     assert launched[0][-1] == f"--config={config}"
     assert load_config(config) == replace(cfg, stage="train", launcher="none")

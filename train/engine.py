@@ -175,11 +175,6 @@ def save_checkpoint(
     return tag
 
 
-def latest_step(folder: Path) -> int:
-    """The step of the checkpoint `latest` names (what a launched, time-boxed training reached)."""
-    return int((folder / "latest").read_text().strip().removeprefix(CHECKPOINT))
-
-
 def load_checkpoint(engine, folder: Path) -> dict | None:
     """Load the checkpoint `latest` names; None if there is none."""
     latest = folder / "latest"

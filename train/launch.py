@@ -17,7 +17,8 @@ from pathlib import Path
 from draftsmith.conf.schema import Config
 from draftsmith.config import save_config
 from draftsmith.provenance import check_unchanged, stale
-from draftsmith.train.engine import free_port, latest_step
+from draftsmith.train import loop
+from draftsmith.train.engine import free_port
 
 
 def run(cfg: Config) -> dict:
@@ -30,9 +31,7 @@ def run(cfg: Config) -> dict:
         print(f"train: {out} is complete; delete it to redo")
         return json.loads((out / "summary.json").read_text())
     if cfg.launcher == "none" or "RANK" in os.environ:
-        from draftsmith.train.loop import run as train
-
-        return train(cfg)
+        return loop.run(cfg)
     out.mkdir(parents=True, exist_ok=True)
     # the ranks run this very config, whether it came from the command line, from `draftsmith
     # run` (which continues a killed training with resume=true) or from Python
@@ -58,5 +57,5 @@ def run(cfg: Config) -> dict:
         raise SystemExit(f"deepspeed launch failed with exit code {result.returncode}")
     if (out / "summary.json").exists():
         return json.loads((out / "summary.json").read_text())
-    # time-boxed (train.stop_after): the checkpoint it stopped at
-    return {"steps": latest_step(out / "checkpoints"), "stopped_early": True}
+    # time-boxed (train.stop_after): where it stopped and the seconds before, as its rank 0 wrote
+    return json.loads((out / loop.STOPPED).read_text())

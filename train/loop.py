@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from draftsmith.conf.schema import Config
+from draftsmith.files import write_text_atomic
 from draftsmith.heads import (
     DraftHead,
     HeadBatch,
@@ -266,8 +267,11 @@ def run(cfg: Config) -> dict:
             last_good = ds.save_checkpoint(engine, ckpt, step, state, t.keep_last, rank)
     bar.close()
     if step < total:  # time-boxed: the checkpoint above is the state to resume from
+        stopped = {"steps": step, "stopped_early": True, "seconds_before_resume": earlier}
+        if rank == 0:  # what the process that launched the ranks reports (launch.py)
+            write_text_atomic(out / STOPPED, json.dumps(stopped))
         ds.barrier()
-        return {"steps": step, "stopped_early": True, "seconds_before_resume": earlier}
+        return stopped
     save_head(engine, head, out / "head", rank)
     summary = {
         "made": new_id(),  # what eval and export read, named (provenance); its inputs: settings
@@ -278,6 +282,7 @@ def run(cfg: Config) -> dict:
     }
     if rank == 0:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        (out / STOPPED).unlink(missing_ok=True)  # an earlier invocation's stop, finished now
         plot_training(out / "metrics.jsonl", out / "training.png")
         tracker.artifact(out / "head", f"{cfg.run_name}-{head.name}")
         tracker.finish()
@@ -287,6 +292,7 @@ def run(cfg: Config) -> dict:
 
 
 MakeBatch = Callable[[list[int]], HeadBatch]
+STOPPED = "stopped.json"  # in train/: a time-boxed training's result (steps, earlier seconds)
 
 
 def loss_on_all(make_batch: MakeBatch) -> MakeBatch:
