@@ -363,7 +363,9 @@ class Config:
     collect: CollectConfig = field(default_factory=CollectConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    # continue from runs/<run>/train/checkpoints/latest
+    # continue from runs/<run>/train/checkpoints/latest (the train stage sets it by itself when
+    # that checkpoint is there and its features were not made again since; other settings than
+    # it was trained with are refused)
     resume: bool = False
     # `draftsmith run` runs these stages, in pipeline order (e.g. [prepare,collect,train] trains
     # several heads before one eval compares them)

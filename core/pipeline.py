@@ -62,7 +62,7 @@ def _stale(cfg: Config, stages: dict) -> set[str]:
 
 
 def _resumable(cfg: Config, stage: str) -> bool:
-    """A training killed (or time-boxed) after a checkpoint: `draftsmith run` continues it."""
+    """A training killed (or time-boxed) after a checkpoint, which the train stage continues."""
     return stage == "train" and Path(cfg.stage_dir("train"), "checkpoints", "latest").exists()
 
 
@@ -131,8 +131,6 @@ def run(cfg: Config) -> dict:
             if name == "export":
                 overwrite = dataclasses.replace(stage_cfg.export, overwrite=True)
                 stage_cfg = dataclasses.replace(stage_cfg, export=overwrite)
-        elif _resumable(stage_cfg, name):
-            stage_cfg = dataclasses.replace(stage_cfg, resume=True)  # continue a killed run
         t0 = time.perf_counter()
         result = fn(stage_cfg)
         seconds = time.perf_counter() - t0

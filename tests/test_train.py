@@ -138,6 +138,20 @@ def test_a_finished_training_is_kept(run_overrides, capsys) -> None:
         launch.run(compose([*common, "train.lr=1e-3"]))
 
 
+def test_a_killed_training_is_continued(run_overrides, capsys) -> None:
+    """`draftsmith train` again after a kill (here a time-boxed stop) continues from its
+    checkpoint, as `draftsmith run` does, without resume=true; under other settings refused."""
+    from draftsmith.train import launch
+
+    common = [*run_overrides, "inputs_from=t", "run_name=continued", "train.max_steps=3"]
+    assert launch.run(compose([*common, "train.stop_after=1"]))["stopped_early"]
+    with pytest.raises(ValueError, match=r"train.lr: 0.003 -> 0.001"):
+        launch.run(compose([*common, "train.lr=1e-3"]))
+    finished = launch.run(compose(common))
+    assert finished["steps"] == 3 and finished["seconds_before_resume"] > 0.0
+    assert "continuing the training" in capsys.readouterr().out
+
+
 def killed_at(monkeypatch, call: int) -> None:
     """Training is interrupted (Ctrl-C, a killed job) at its `call`-th step of the invocation."""
     real, calls = loop.train_step, itertools.count(1)

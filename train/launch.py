@@ -22,19 +22,23 @@ from draftsmith.train.engine import free_port
 
 
 def run(cfg: Config) -> dict:
-    """Train; returns what the training loop returns (launched: read back from its folder). A
-    finished training is kept, as prepare and collect keep theirs: with its settings it is
-    complete, with others refused; made from features made again since, it trains afresh."""
+    """Train; returns what the training loop returns (launched: read back from its folder).
+    What an earlier invocation trained is kept, as prepare and collect keep theirs: a finished
+    training is complete and a killed (or time-boxed) one continues from its checkpoint, both
+    refused under other settings; made from features made again since, it trains afresh."""
     out = Path(cfg.stage_dir("train"))
     if (out / "summary.json").exists() and not stale(cfg, "train"):
         check_unchanged(cfg, "train")
         print(f"train: {out} is complete; delete it to redo")
         return json.loads((out / "summary.json").read_text())
+    if not cfg.resume and (out / "checkpoints" / "latest").exists() and not stale(cfg, "train"):
+        print(f"train: continuing the training in {out} from its checkpoint; delete it to redo")
+        cfg = replace(cfg, resume=True)  # the loop refuses it under other settings
     if cfg.launcher == "none" or "RANK" in os.environ:
         return loop.run(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    # the ranks run this very config, whether it came from the command line, from `draftsmith
-    # run` (which continues a killed training with resume=true) or from Python
+    # the ranks run this very config (resume as decided above), whether it came from the
+    # command line, from `draftsmith run` or from Python
     launch_config = out / "launch.yaml"
     save_config(replace(cfg, stage="train", launcher="none"), launch_config)
     # DeepSpeed's launcher through this interpreter: works whether or not the venv's `deepspeed`
