@@ -27,13 +27,14 @@ def run(cfg: Config) -> dict:
     training is complete and a killed (or time-boxed) one continues from its checkpoint, both
     refused under other settings; made from features made again since, it trains afresh."""
     out = Path(cfg.stage_dir("train"))
-    if (out / "summary.json").exists() and not stale(cfg, "train"):
-        check_unchanged(cfg, "train")
-        print(f"train: {out} is complete; delete it to redo")
-        return json.loads((out / "summary.json").read_text())
-    if not cfg.resume and (out / "checkpoints" / "latest").exists() and not stale(cfg, "train"):
-        print(f"train: continuing the training in {out} from its checkpoint; delete it to redo")
-        cfg = replace(cfg, resume=True)  # the loop refuses it under other settings
+    if not stale(cfg, "train"):
+        if (out / "summary.json").exists():
+            check_unchanged(cfg, "train")
+            print(f"train: {out} is complete; delete it to redo")
+            return json.loads((out / "summary.json").read_text())
+        if not cfg.resume and (out / "checkpoints" / "latest").exists():
+            print(f"train: continuing the training in {out} from its checkpoint; delete it to redo")
+            cfg = replace(cfg, resume=True)  # the loop refuses it under other settings
     if cfg.launcher == "none" or "RANK" in os.environ:
         return loop.run(cfg)
     out.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,8 @@ from draftsmith.train import engine as ds
 from draftsmith.train.data import OnlineRows, ShardRows, batch_order, collate, online_batch
 from draftsmith.train.plots import plot_training
 
+STOPPED = "stopped.json"  # in train/: a time-boxed training's result (steps, earlier seconds)
+
 
 class NonFiniteLoss(RuntimeError):
     pass
@@ -292,7 +294,6 @@ def run(cfg: Config) -> dict:
 
 
 MakeBatch = Callable[[list[int]], HeadBatch]
-STOPPED = "stopped.json"  # in train/: a time-boxed training's result (steps, earlier seconds)
 
 
 def loss_on_all(make_batch: MakeBatch) -> MakeBatch:
