@@ -94,6 +94,15 @@ class Conversation:
     turns: list[Turn]
     category: str = ""  # a benchmark's task category (MT-bench: writing, coding, ...), if given
     tools: list[dict] | None = None  # function schemas the template renders (`tools=`)
+    # where it was read ("line 4", "b.jsonl line 1", "row 3"; its own id after it when it has
+    # one): what messages about it name, since an id counted across rows or files shows in no
+    # editor (empty: not read from a source)
+    where: str = field(default="", compare=False)
+
+    @property
+    def label(self) -> str:
+        """How messages name this conversation: where it was read, else its id."""
+        return self.where or f"id {self.id}"
 
     def user_prompts(self) -> list[str]:
         return [t.content for t in self.turns if t.role == "user"]
@@ -149,7 +158,7 @@ class ReadReport:
 
 def skipped_text(skipped: Counter, examples: list[str]) -> str:
     """What a report of skipped rows prints: the count per reason and the first three rows
-    (by index or id, so a user can open the file at them)."""
+    (by where they were read, so a user can open the file at them)."""
     return f"skipped {dict(skipped)}, e.g. " + "; ".join(examples[:3])
 
 
@@ -508,7 +517,9 @@ def read_conversations(
         try:
             if isinstance(record, RowError):
                 raise record
-            conversations.append(parse_row(record, index))  # ids count across files
+            conv = parse_row(record, index)  # ids count across files
+            conv.where = where if conv.id == str(index) else f"{where} (id {conv.id})"
+            conversations.append(conv)
         except RowError as err:
             report.skip(where, str(err))
     report.rows_kept = len(conversations)

@@ -85,7 +85,7 @@ def user_turns(
     conversations, report = read_conversations(source, limit=limit)
     for conv in conversations:
         if not conv.user_prompts():
-            report.skip(f"row {conv.id}", "no user turn")
+            report.skip(conv.label, "no user turn")
     conversations = [conv for conv in conversations if conv.user_prompts()]
     report.rows_kept = len(conversations)
     if not conversations:

@@ -200,6 +200,11 @@ def test_folder_of_json_and_parquet_files_reads_both(tmp_path: Path) -> None:
     convs, report = read_conversations(str(tmp_path))
     assert [c.id for c in convs] == ["0", "1", "2", "3"] and report.rows_seen == 6
     assert [e.split(":")[0] for e in report.examples] == ["c.jsonl line 2", "d.jsonl line 1"]
+    # what later messages (rendering, regeneration) name a kept conversation by; its own id too
+    labels = ["a.jsonl line 1", "b.parquet row 0", "b.parquet row 1", "c.jsonl line 1"]
+    assert [c.label for c in convs] == labels
+    (tmp_path / "e.json").write_text(json.dumps([{"id": "x", "prompt": "q", "response": "a"}]))
+    assert read_conversations(str(tmp_path / "e.json"))[0][0].label == "row 0 (id x)"
 
 
 def test_csv_messages_column_holds_json_lists(tmp_path: Path) -> None:

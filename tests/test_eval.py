@@ -87,7 +87,7 @@ def test_benchmark_rows_that_are_not_prompts_are_reported(
     assert r["skipped"] == {"invalid JSON": 1, "no user turn": 1}
     printed = capsys.readouterr().out
     assert "kept 1/3 rows" in printed and "line 2: invalid JSON" in printed
-    assert "row q-sys: no user turn" in printed
+    assert "line 3 (id q-sys): no user turn" in printed
     (report,) = (tmp_path / "runs").glob("*/eval/*/results.md")
     assert "Benchmark rows skipped: {'invalid JSON': 1, 'no user turn': 1}" in report.read_text()
 

@@ -3,7 +3,9 @@ counted and skipped with its reason; regeneration resumes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -351,7 +353,7 @@ def test_generated_reasoning_is_read_back_as_the_model_wrote_it(
         tiny_target, tokenizer, renderer, [asked], RegenConfig(), failures
     )
     assert kept == [] and failures == [
-        "c: the reply is in no form the template writes back (gpt-oss's calls)"
+        "id c: the reply is in no form the template writes back (gpt-oss's calls)"
     ]
 
 
@@ -394,7 +396,9 @@ def test_prepare_without_training_rows_names_the_rows_it_skipped(tmp_path: Path)
     assert "kept 2/4 rows" in message
     assert "line 2: unknown role: turn 1 has role='assistent'" in message
     assert "line 4: invalid JSON" in message and "1 held out" in message
-    assert "no assistant turn" in message
+    # the conversation rendering skipped is named by its line too (one of lines 1 and 3 is
+    # held out), not by an id no editor shows
+    assert re.search(r"rendering skipped .*e\.g\. line [13]: no assistant turn", message)
     assert not Path(cfg.stage_dir("prepare"), "stats.json").exists()
 
 
@@ -594,7 +598,7 @@ def test_regeneration_keeps_the_turns_answered_before_a_bad_prompt(
     assert out[1].turns[0].content == "Hi there" and out[1].turns[1].content != "Hello!"
     assert produced == 3 * 4  # three answered turns of 4 tokens (a random model: no EOS)
     # in the order they happen: too_long's first turn, then keeps_one's second
-    assert [f.split(":")[0] for f in failures] == ["too_long", "keeps_one"]
+    assert [f.split(":")[0] for f in failures] == ["id too_long", "id keeps_one"]
     assert all(f.endswith(f"tokens > max_prompt_len {limit}") for f in failures)
 
     tokenizer = load_tokenizer(tiny_tokenizer.name_or_path)
@@ -604,7 +608,7 @@ def test_regeneration_keeps_the_turns_answered_before_a_bad_prompt(
     failures = []
     out, _ = regenerate_chunk(tiny_target, tokenizer, mistral, [system, CONV], cfg, failures)
     assert [c.id for c in out] == ["c"]
-    assert len(failures) == 1 and failures[0].startswith("system: ")
+    assert len(failures) == 1 and failures[0].startswith("id system: ")
 
 
 def test_regeneration_answers_tool_conversations_up_to_their_first_result(
@@ -627,10 +631,11 @@ def test_regeneration_answers_tool_conversations_up_to_their_first_result(
 
     monkeypatch.setattr(regen, "answer_texts", recording)
     renderer = ConversationTokenizer(tokenizer)
-    convs = [tool_conversation("Let me check."), CONV]
+    convs = [dataclasses.replace(tool_conversation("Let me check."), where="line 7"), CONV]
     cfg = RegenConfig(max_new_tokens=4)
     out = regen.regenerate(tiny_target, tokenizer, renderer, convs, cfg, tmp_path)
     assert [c.id for c in out] == ["w", "c"]
+    assert [c.label for c in out] == ["line 7", "id c"]  # read back, named as read
     assert [t.role for t in out[0].turns] == ["user", "assistant"]
     assert out[0].turns[1].tool_calls is None and out[0].tools == [WEATHER]
     assert [t.role for t in out[1].turns] == ["user", "assistant", "user", "assistant"]
@@ -662,7 +667,7 @@ def test_preview_marks_the_learned_tokens_and_names_skips(tmp_path: Path) -> Non
     assert (
         "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n⟦Hello!<|im_end|>\n⟧" in text
     )
-    assert "== question: skipped: no assistant turn" in text and "unseen" not in text
+    assert "== line 2 (id question): skipped: no assistant turn" in text and "unseen" not in text
     # byte tokens, <|im_end|> one: "Hello!" <|im_end|> "\n" "Bye." <|im_end|> "\n"
     assert shown == {"ok": 6 + 2 + 4 + 2, "question": "no assistant turn"}
     # data.last_reply_only reaches prepare's renderer: "Bye." <|im_end|> "\n" alone

@@ -43,7 +43,7 @@ def tokenize_all(
             reason = str(err)
             skipped[reason.split(":")[0]] += 1
             if len(examples) < 20:
-                examples.append(f"{conv.id}: {reason}")
+                examples.append(f"{conv.label}: {reason}")
             continue
         rows.append({"id": conv.id, "input_ids": t.input_ids, "loss_mask": t.loss_mask})
     return rows

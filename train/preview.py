@@ -33,11 +33,11 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
         try:
             row = renderer(conv)
         except TemplateError as err:
-            print(f"\n== {conv.id}: skipped: {err}", file=out)
+            print(f"\n== {conv.label}: skipped: {err}", file=out)
             shown[conv.id] = str(err)
             continue
         learned = sum(row.loss_mask)
-        print(f"\n== {conv.id}: {len(row.input_ids)} tokens, {learned} learned", file=out)
+        print(f"\n== {conv.label}: {len(row.input_ids)} tokens, {learned} learned", file=out)
         text = ""
         for masked, run_ in groupby(zip(row.input_ids, row.loss_mask), key=lambda t: t[1]):
             piece = renderer.tokenizer.decode([t for t, _ in run_])

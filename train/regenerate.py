@@ -219,13 +219,13 @@ def regenerate_chunk(
             try:
                 prompt = renderer.prompt_ids(messages, conversations[i].tools)
             except TemplateError as err:
-                failures.append(f"{conversations[i].id}: {err}")
+                failures.append(f"{conversations[i].label}: {err}")
                 alive.discard(i)
                 done[i] = []
                 continue
             if len(prompt) > cfg.max_prompt_len:
                 failures.append(
-                    f"{conversations[i].id}: prompt of {len(prompt)} tokens > "
+                    f"{conversations[i].label}: prompt of {len(prompt)} tokens > "
                     f"max_prompt_len {cfg.max_prompt_len}"
                 )
                 alive.discard(i)
@@ -238,14 +238,14 @@ def regenerate_chunk(
         for (i, _), answer in zip(pending, answers):
             if answer is None or isinstance(answer, ServerError):  # as a prompt too long
                 why = UNREADABLE if answer is None else f"server refused the prompt: {answer}"
-                failures.append(f"{conversations[i].id}: {why}")
+                failures.append(f"{conversations[i].label}: {why}")
                 alive.discard(i)
                 done[i] = done[i][:-1]
                 continue
             done[i].append(Turn("assistant", answer))
     bar.close()
     result = [
-        Conversation(c.id, turns, tools=c.tools)
+        Conversation(c.id, turns, tools=c.tools, where=c.where)
         for c, turns in zip(conversations, done)
         if any(t.role == "assistant" for t in turns)
     ]
@@ -299,6 +299,7 @@ def regenerate(
         conversations[i : i + cfg.chunk_rows] for i in range(0, len(conversations), cfg.chunk_rows)
     ]
     out: list[Conversation] = []
+    where = {c.id: c.where for c in conversations}  # read back from a chunk: named as read
     failures: list[str] = []
     tokens, seconds = 0, 0.0
     for index, chunk in enumerate(tqdm(chunks, desc="regenerate", unit="chunk")):
@@ -312,7 +313,9 @@ def regenerate(
         for line in path.read_text().splitlines():
             row = json.loads(line)  # as Conversation.to_row wrote it
             turns = [Turn(**message) for message in row["messages"]]
-            out.append(Conversation(row["id"], turns, tools=row.get("tools")))
+            out.append(
+                Conversation(row["id"], turns, tools=row.get("tools"), where=where[row["id"]])
+            )
     # answered up to their first tool result, the turns after it dropped (module doc)
     cut = sum(len(_before_tool_results(c)) < len(c.turns) for c in conversations)
     stats = {
