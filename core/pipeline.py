@@ -106,6 +106,9 @@ def run(cfg: Config) -> dict:
             f"format={cfg.export.format} does not serve {cfg.head.name} heads (they export to "
             f"{', '.join(supported)}): pass format=<one of them>, or leave export out of stages"
         )
+    # as would a tree deeper than a Medusa or Hydra head's heads, found only by the eval
+    if "eval" in cfg.stages:
+        cfg.tree.check_heads(getattr(cfg.head, "num_heads", None), cfg.head.name)
     rows = []
     stopped = False  # train.stop_after ended the training before its head was saved
     for name, fn in stages.items():

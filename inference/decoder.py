@@ -112,13 +112,12 @@ class SpecDecoder:
         tree_implementation(target, tree.attention)
         self.drafter = make_drafter(head, draft_vocab)
         self.aux_layers = head.aux_layers
-        depth = {"chain": tree.depth, "static": None, "dynamic": tree.depth}[tree.kind]
+        tree.check_heads(getattr(self.drafter, "max_depth", None), head.name)
         if tree.kind == "chain":
             self.static = StaticTree(chain_choices(tree.depth))
         elif tree.kind == "static":
             choices = tree.choices or topk_choices(tree.depth, tree.top_k, tree.total_tokens)
             self.static = StaticTree(choices)
-            depth = self.static.max_depth
         else:
             self.static = None
         # tree.adaptive: ms per forward of 1..total_tokens nodes, and the decoder's running
@@ -128,9 +127,6 @@ class SpecDecoder:
         self.produced, self.spent = 0.0, 0.0
         if tree.adaptive:
             self.measure_costs()
-        limit = getattr(self.drafter, "max_depth", None)
-        if limit is not None and depth is not None and depth > limit:
-            raise ValueError(f"tree depth {depth} exceeds the {head.name} head's {limit} heads")
 
     def measure_costs(self) -> None:
         """Time the target's tree forward per size on this machine (`tree.adaptive`); again

@@ -190,6 +190,25 @@ class TreeSpec:
                 f"total_tokens - 1 = {self.total_tokens - 1} (the head keeps the other nodes)"
             )
 
+    @property
+    def drafted_depth(self) -> int:
+        """How many tokens ahead of the root the head drafts at most (a lookup branch aside)."""
+        if self.kind == "static":
+            choices = self.choices or topk_choices(self.depth, self.top_k, self.total_tokens)
+            return max(map(len, choices))
+        return self.depth
+
+    def check_heads(self, heads: int | None, head: str) -> None:
+        """Refuse a tree deeper than a parallel head's `heads`, one per depth (None: an
+        autoregressive head, which drafts any depth)."""
+        if heads is not None and self.drafted_depth > heads:
+            which = "tree.choices" if self.kind == "static" and self.choices else "tree.depth"
+            raise ValueError(
+                f"{which}: the tree drafts {self.drafted_depth} tokens deep, but the {head} head "
+                f"has {heads} heads (head.num_heads), one per depth: pass a tree at most {heads} "
+                f"deep (tree.depth={heads}) or train a head with more"
+            )
+
 
 class _Builder:
     """Growable node arrays with ancestor masks, filled one depth at a time; with sampled

@@ -364,6 +364,11 @@ def test_an_export_format_the_head_lacks_is_refused_before_anything_runs(tmp_pat
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
     nothing = run(compose([*overrides, "format=native", "stages=[]"]))
     assert [r["status"] for r in nothing["stages"]] == ["not selected"] * 5
+    # so is a tree deeper than its heads (the tiny preset's dynamic tree drafts 5 deep), which
+    # only the eval would find
+    with pytest.raises(ValueError, match="tree.depth: .*hydra head has 4 heads"):
+        run(compose([*overrides, "format=native"]))
+    assert not (tmp_path / "tiny" / "prepare").exists()
 
 
 def test_online_wandb_without_credentials_is_refused_before_anything_runs(

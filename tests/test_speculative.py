@@ -284,8 +284,26 @@ def test_flash_backend_refuses_cleanly_without_cuda(tiny_target) -> None:
 
 
 def test_medusa_tree_deeper_than_heads_is_refused(tiny_target) -> None:
-    with pytest.raises(ValueError, match="exceeds"):
-        SpecDecoder(tiny_target, untrained("medusa", tiny_target), TreeSpec(kind="chain", depth=5))
+    """Each kind of tree is as deep as it drafts: a chain or dynamic tree its depth, a static
+    one its deepest choice (generated or given)."""
+    medusa = untrained("medusa", tiny_target)  # 4 heads
+    deeper = [
+        ("tree.depth", TreeSpec(kind="chain", depth=5)),
+        ("tree.depth", TreeSpec(kind="dynamic", depth=5)),
+        ("tree.depth", TreeSpec(kind="static", depth=5, top_k=1, total_tokens=8)),
+        (
+            "tree.choices",
+            TreeSpec(kind="static", choices=[[0], [0, 0], [0, 0, 0], [0] * 4, [0] * 5]),
+        ),
+    ]
+    for setting, tree in deeper:
+        with pytest.raises(
+            ValueError, match=f"{setting}: the tree drafts 5 tokens deep, but .* 4 heads"
+        ):
+            SpecDecoder(tiny_target, medusa, tree)
+    # as deep as its heads, or a static tree of depth 5 whose 4 nodes reach only depth 2
+    for tree in (TreeSpec(kind="chain", depth=4), TreeSpec(kind="static", depth=5, total_tokens=5)):
+        SpecDecoder(tiny_target, medusa, tree)
 
 
 def test_stops_at_an_eos_accepted_inside_a_draft(tiny_target, references) -> None:
