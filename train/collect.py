@@ -116,15 +116,13 @@ def verify_shards(out: Path) -> int:
             f"{out / INDEX}: nothing collected to verify (run `draftsmith collect`)"
         )
     index = json.loads((out / INDEX).read_text())
-    count = 0
-    for split in index["splits"].values():
-        for shard in tqdm(split["shards"], desc="verify", unit="shard"):
-            path = out / shard["file"]
-            if not path.exists() or sha256_file(path) != shard["sha256"]:
-                raise ValueError(f"corrupted or missing shard {path} (sha256 differs from {INDEX})")
-            count += 1
-    print(f"verify: {count} shards match {out / INDEX}")
-    return count
+    shards = [shard for split in index["splits"].values() for shard in split["shards"]]
+    for shard in tqdm(shards, desc="verify", unit="shard"):  # one bar over every split's
+        path = out / shard["file"]
+        if not path.exists() or sha256_file(path) != shard["sha256"]:
+            raise ValueError(f"corrupted or missing shard {path} (sha256 differs from {INDEX})")
+    print(f"verify: {len(shards)} shards match {out / INDEX}")
+    return len(shards)
 
 
 def aux_layers_for(cfg: Config, num_layers: int) -> list[int]:
