@@ -21,6 +21,23 @@ def _check(value: str, allowed: tuple[str, ...], key: str) -> None:
         raise ValueError(f"{key}={value!r} is not one of {list(allowed)}")
 
 
+def _at_least(section: str, config: Any, least: float, *names: str) -> None:
+    """Refuse a count, size or rate of `config` below `least` (None: unset), naming the key, when
+    the config is built: mid-stage it would be a ZeroDivisionError after hours of work, or
+    nothing at all (train.keep_last=0 kept every checkpoint)."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and value < least:
+            raise ValueError(f"{section}.{name}={value} must be >= {least}")
+
+
+def _fraction(key: str, value: float, below_one: bool = False) -> None:
+    """Refuse a ratio outside [0, 1], or a decay (`below_one`: Adam's betas, a momentum)
+    outside [0, 1)."""
+    if not (0 <= value < 1 if below_one else 0 <= value <= 1):
+        raise ValueError(f"{key}={value} must be in [0, 1{')' if below_one else ']'}")
+
+
 @dataclass
 class TargetConfig:
     # local folder, hub id, embedded asset name, or "tiny-random-llama"
@@ -100,6 +117,11 @@ class RegenConfig(SamplingKeys):
 
     def __post_init__(self) -> None:
         self.check_sampling("data.regen")
+        names = ("max_new_tokens", "batch_size", "max_batch_tokens", "chunk_rows", "max_prompt_len")
+        _at_least("data.regen", self, 1, *names)
+        _at_least("data.regen", self, 0, "rows")  # 0: none regenerated
+        if self.server_timeout <= 0:
+            raise ValueError(f"data.regen.server_timeout={self.server_timeout} must be > 0")
         _check(self.engine, ("padded", "generate", "continuous", "server"), "data.regen.engine")
         if self.engine == "server" and not self.servers:
             raise ValueError(
@@ -138,6 +160,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check(self.template, ("auto", "plain"), "data.template")
         _check(self.length_policy, ("truncate", "drop"), "data.length_policy")
+        _at_least("data", self, 1, "limit", "preview")
+        _at_least("data", self, 2, "max_len")  # a position and the token after it
         if self.heldout < 1:  # training keeps its best head by them; eval.benchmark=heldout too
             raise ValueError(
                 f"data.heldout={self.heldout}: training picks its best head by held-out "
@@ -161,8 +185,7 @@ class CollectConfig:
 
     def __post_init__(self) -> None:
         _check(self.storage_dtype, ("float16", "bfloat16"), "collect.storage_dtype")
-        if self.workers < 1:
-            raise ValueError(f"collect.workers={self.workers} must be >= 1")
+        _at_least("collect", self, 1, "tokens_per_batch", "shard_tokens", "workers")
 
 
 @dataclass
@@ -226,6 +249,16 @@ class TrainConfig:
         _check(self.muon_ns_method, ("standard", "gram"), "train.muon_ns_method")
         _check(self.schedule, ("cosine", "linear", "constant"), "train.schedule")
         _check(self.nan_policy, ("stop", "skip"), "train.nan_policy")
+        # max_steps, when set, replaces epochs; zero steps would save an untrained head
+        counts = ("micro_batch_size", "grad_accum", "max_steps", "stop_after", "eval_rows")
+        _at_least("train", self, 1, *counts, "log_every", "eval_every", "save_every", "keep_last")
+        _at_least("train", self, 1 if self.max_steps is None else 0, "epochs")
+        _at_least("train", self, 2, "max_len")
+        # 0: none (lr 0 keeps those weights as they start)
+        _at_least("train", self, 0, "warmup_steps", "weight_decay", "grad_clip", "lr", "muon_lr")
+        for name in ("beta1", "beta2", "muon_momentum"):
+            _fraction(f"train.{name}", getattr(self, name), below_one=True)
+        _fraction("train.min_lr_ratio", self.min_lr_ratio)
 
 
 @dataclass
@@ -260,6 +293,9 @@ class ExportConfig:
     overwrite: bool = False
     # draft tokens per step written into the vLLM speculators config
     num_speculative_tokens: int = 3
+
+    def __post_init__(self) -> None:
+        _at_least("export", self, 1, "num_speculative_tokens")
 
 
 @dataclass
@@ -305,13 +341,11 @@ class EvalConfig(SamplingKeys):
 
     def __post_init__(self) -> None:
         self.check_sampling("eval")
-        if self.workers < 1:
-            raise ValueError(f"eval.workers={self.workers} must be >= 1")
+        _at_least("eval", self, 1, "limit", "max_new_tokens", "lookup_tokens", "workers")
         _check(self.turns, ("first", "all"), "eval.turns")
         for b in self.baselines:
             _check(b, ("vanilla", "lookup"), "eval.baselines")
-        if self.draft_vocab_size < 0:
-            raise ValueError(f"eval.draft_vocab_size={self.draft_vocab_size} must be >= 0")
+        _at_least("eval", self, 0, "draft_vocab_size")  # 0: the head's own
 
 
 @dataclass
@@ -332,8 +366,7 @@ class GenerateConfig(SamplingKeys):
 
     def __post_init__(self) -> None:
         self.check_sampling("generate")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"generate.max_new_tokens={self.max_new_tokens} must be >= 1")
+        _at_least("generate", self, 1, "max_new_tokens")
 
 
 @dataclass
@@ -399,6 +432,8 @@ class Config:
             self.dtype = native_dtype(self.device)
         _check(self.tracking, ("none", "wandb", "tensorboard"), "tracking")
         _check(self.launcher, ("none", "deepspeed"), "launcher")
+        if self.nproc < 1:
+            raise ValueError(f"nproc={self.nproc} must be >= 1")
         for stage in self.stages:
             _check(stage, ("prepare", "collect", "train", "eval", "export"), "stages")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

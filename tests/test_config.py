@@ -72,6 +72,69 @@ def test_bad_sampling_fails(group: str, override: str) -> None:
     assert (section.temperature, section.top_p, section.top_k) == (0.7, 0.9, 5)
 
 
+# out-of-range counts, sizes and rates, each refused naming its key (mid-stage they were a
+# ZeroDivisionError, "range() arg 3 must not be zero", or nothing: keep_last=0 kept every
+# checkpoint, min_lr_ratio=2 raised the lr after warmup)
+BAD_VALUES = [
+    ("train.micro_batch_size=0", "must be >= 1"),
+    ("train.grad_accum=0", "must be >= 1"),
+    ("train.log_every=0", "must be >= 1"),
+    ("train.eval_every=0", "must be >= 1"),
+    ("train.save_every=0", "must be >= 1"),
+    ("train.keep_last=0", "must be >= 1"),
+    ("train.epochs=0", "must be >= 1"),
+    ("train.max_steps=0", "must be >= 1"),
+    ("train.stop_after=0", "must be >= 1"),
+    ("train.max_len=1", "must be >= 2"),
+    ("train.warmup_steps=-1", "must be >= 0"),
+    ("train.grad_clip=-1.0", "must be >= 0"),
+    ("train.lr=-1.0", "must be >= 0"),
+    ("train.muon_lr=-0.02", "must be >= 0"),
+    ("train.beta1=1.0", "must be in [0, 1)"),
+    ("train.muon_momentum=-0.1", "must be in [0, 1)"),
+    ("train.min_lr_ratio=2.0", "must be in [0, 1]"),
+    ("data.limit=0", "must be >= 1"),
+    ("data.max_len=1", "must be >= 2"),
+    ("data.regen.batch_size=0", "must be >= 1"),
+    ("data.regen.rows=-1", "must be >= 0"),
+    ("data.regen.server_timeout=0.0", "must be > 0"),
+    ("collect.shard_tokens=0", "must be >= 1"),
+    ("collect.workers=0", "must be >= 1"),
+    ("eval.limit=0", "must be >= 1"),
+    ("eval.max_new_tokens=0", "must be >= 1"),
+    ("eval.draft_vocab_size=-1", "must be >= 0"),
+    ("export.num_speculative_tokens=0", "must be >= 1"),
+    ("generate.max_new_tokens=0", "must be >= 1"),
+    ("nproc=0", "must be >= 1"),
+]
+
+
+@pytest.mark.parametrize(("override", "why"), BAD_VALUES)
+def test_out_of_range_values_fail_naming_the_key(override: str, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"{override} {why}")):
+        compose([override])
+
+
+def test_in_range_edges_compose() -> None:
+    """The edges that mean something: no warmup, no clipping, no decay, frozen weights, a
+    constant lr floor, epochs replaced by max_steps, no regenerated rows, the head's own draft
+    vocabulary."""
+    edges = [
+        "train.lr=0",
+        "train.warmup_steps=0",
+        "train.grad_clip=0",
+        "train.weight_decay=0",
+        "train.min_lr_ratio=1.0",
+        "train.beta2=0.0",
+        "train.epochs=0",
+        "train.max_steps=5",
+        "data.regen.rows=0",
+        "eval.draft_vocab_size=0",
+    ]
+    cfg = compose(edges)
+    assert (cfg.train.epochs, cfg.train.max_steps, cfg.data.regen.rows) == (0, 5, 0)
+
+
 def test_draft_vocab_for_a_head_with_its_own_fails() -> None:
     """Refused when the config is built, not after `draftsmith run` has trained the head."""
     with pytest.raises(ValueError, match="eagle3 head drafts over its own vocabulary"):

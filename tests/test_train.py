@@ -233,8 +233,8 @@ def test_init_from_starts_at_the_given_head(run_overrides) -> None:
                 ]
             )
         )
-    # zero steps used to save the untrained head as if it were trained
-    with pytest.raises(ValueError, match="no steps to train"):
+    # zero steps used to save the untrained head as if it were trained (refused with the config)
+    with pytest.raises(ValueError, match="train.epochs=0 must be >= 1"):
         loop.run(compose([*common, "run_name=none", "train.epochs=0"]))
 
 

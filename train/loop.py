@@ -186,10 +186,6 @@ def run(cfg: Config) -> dict:
             f"micro-batches of {t.micro_batch_size} per step"
         )
     total = steps_per_epoch * t.epochs if t.max_steps is None else t.max_steps
-    if total < 1:  # would save an untrained head as if it were trained
-        raise ValueError(
-            f"train.epochs={t.epochs}, train.max_steps={t.max_steps}: no steps to train"
-        )
     head.train()
     if t.gradient_checkpointing:
         head.gradient_checkpointing = True
