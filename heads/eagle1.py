@@ -41,7 +41,10 @@ class Eagle1Config(HeadConfig):
 
     def __post_init__(self) -> None:
         if self.num_layers < 1 or self.ttt_steps < 1:
-            raise ValueError("num_layers and ttt_steps must be >= 1")
+            raise ValueError(
+                f"head.num_layers={self.num_layers} and head.ttt_steps={self.ttt_steps} "
+                "must be >= 1"
+            )
 
 
 class Eagle1Head(AutoregressiveHead):

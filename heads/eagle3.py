@@ -51,7 +51,9 @@ class Eagle3Config(HeadConfig):
 
     def __post_init__(self) -> None:
         if self.ttt_steps < 1:
-            raise ValueError(f"ttt_steps={self.ttt_steps} must be >= 1")
+            raise ValueError(f"head.ttt_steps={self.ttt_steps} must be >= 1")
+        if self.draft_vocab_size < 0:  # (a negative size drafted over every token, silently)
+            raise ValueError(f"head.draft_vocab_size={self.draft_vocab_size} must be >= 0")
 
 
 class Eagle3Head(AutoregressiveHead):

@@ -52,9 +52,12 @@ class MedusaConfig(HeadConfig):
 
     def __post_init__(self) -> None:
         if self.num_heads < 1 or self.num_layers < 1:
-            raise ValueError("num_heads and num_layers must be >= 1")
+            raise ValueError(
+                f"head.num_heads={self.num_heads} and head.num_layers={self.num_layers} "
+                "must be >= 1"
+            )
         if self.draft_vocab_size < 0:
-            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be >= 0")
+            raise ValueError(f"head.draft_vocab_size={self.draft_vocab_size} must be >= 0")
         if self.draft_vocab_size and self.own_lm_head:
             raise ValueError(
                 "draft_vocab_size cuts the shared target lm_head: it needs own_lm_head=false"

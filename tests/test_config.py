@@ -106,6 +106,8 @@ BAD_VALUES = [
     ("export.num_speculative_tokens=0", "must be >= 1"),
     ("generate.max_new_tokens=0", "must be >= 1"),
     ("nproc=0", "must be >= 1"),
+    ("head.ttt_steps=0", "must be >= 1"),
+    ("head.draft_vocab_size=-5", "must be >= 0"),
 ]
 
 
