@@ -112,6 +112,26 @@ def assets_main(args: list[str]) -> int:
     return 0
 
 
+# what an interrupted stage keeps, which the same command goes on from (every stage writes its
+# outputs atomically; a Ctrl-C otherwise ends in a traceback of Hydra's and DeepSpeed's frames)
+KEPT = {
+    "prepare": "regenerated answers are kept in chunks",
+    "collect": "finished shards are kept",
+    "train": "its last checkpoint is kept (every train.save_every steps)",
+    "run": "finished stages, collected shards and training checkpoints are kept",
+}
+
+
+def interrupted(command: str) -> int:
+    """Say what an interrupted `command` kept; the shell's exit status for SIGINT."""
+    kept = KEPT.get(command, "nothing partial was written")
+    print(
+        f"\ndraftsmith {command}: interrupted; {kept}, and the same command goes on from there",
+        file=sys.stderr,
+    )
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -123,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     if command not in STAGES:
         print(f"draftsmith: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    run_stage(command, rest)
+    try:
+        run_stage(command, rest)
+    except KeyboardInterrupt:
+        return interrupted(command)
     return 0
 
 

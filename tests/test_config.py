@@ -175,6 +175,25 @@ def test_every_stage_reuses_freed_memory(monkeypatch: pytest.MonkeyPatch) -> Non
     assert calls == [True]
 
 
+def test_an_interrupted_command_says_what_it_kept(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C inside a stage ends in one line saying what the same command goes on from, and
+    the shell's status for SIGINT, not a traceback through Hydra's and DeepSpeed's frames."""
+    from draftsmith import cli
+
+    def stage(_stage: str, _cfg: dict) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_load", lambda name: lambda cfg: stage(name, cfg))
+    assert cli.main(["train", "target=tiny-random-llama"]) == 130
+    err = capsys.readouterr().err
+    assert "draftsmith train: interrupted; its last checkpoint is kept" in err
+    assert "Traceback" not in err
+    assert cli.main(["eval", "target=tiny-random-llama"]) == 130
+    assert "nothing partial was written" in capsys.readouterr().err
+
+
 def test_cli_prints_the_config(capsys: pytest.CaptureFixture[str]) -> None:
     """`draftsmith <stage> <overrides> --cfg job` prints the composed config and runs nothing."""
     from draftsmith.cli import main

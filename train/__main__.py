@@ -4,11 +4,10 @@ and torchrun launches (every rank runs the same Hydra app; only rank 0 writes sh
 
 import sys
 
-from draftsmith.cli import run_stage
+from draftsmith.cli import interrupted, run_stage
 
-if __name__ == "__main__":
-    # deepspeed's launcher appends --local_rank=N; the rank also arrives as LOCAL_RANK in the env
-    args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+
+def main(args: list[str]) -> None:
     if len(args) == 1 and args[0].startswith("--config="):
         from draftsmith.allocator import reuse_freed_memory
         from draftsmith.config import load_config
@@ -18,3 +17,11 @@ if __name__ == "__main__":
         run(load_config(args[0].removeprefix("--config=")))
     else:
         run_stage("train", args)
+
+
+if __name__ == "__main__":
+    # deepspeed's launcher appends --local_rank=N; the rank also arrives as LOCAL_RANK in the env
+    try:
+        main([a for a in sys.argv[1:] if not a.startswith("--local_rank")])
+    except KeyboardInterrupt:  # a Ctrl-C reaches every rank
+        sys.exit(interrupted("train"))
