@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from draftsmith.files import write_text_atomic  # noqa: E402
 from draftsmith.inference.decoder import STEP_PARTS  # noqa: E402
+from draftsmith.inference.tree import TreeSpec  # noqa: E402
 
 
 def benchmark_label(e: dict) -> str:
@@ -108,7 +109,20 @@ def write_report(results: dict, out: Path) -> None:
     depths = results["depth_acceptance"]
     if depths:
         fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.bar(range(1, len(depths) + 1), depths, color="#4c72b0")
+        # past the depth the head drafts to only a grafted prompt-lookup chain drafts
+        head_depth = TreeSpec(**results["tree"]).drafted_depth
+        for drafter, colour, span in (
+            (
+                "head" + " and lookup" * bool(results["tree"]["lookup"]),
+                "#4c72b0",
+                range(1, min(head_depth, len(depths)) + 1),
+            ),
+            ("prompt-lookup branch only", "#dd8452", range(head_depth + 1, len(depths) + 1)),
+        ):
+            if span:
+                ax.bar(span, [depths[d - 1] for d in span], color=colour, label=drafter)
+        if len(depths) > head_depth:
+            ax.legend(fontsize=7)
         ax.set_xlabel("draft depth")
         ax.set_ylabel("P(accepted | offered)")
         ax.set_ylim(0, 1)
