@@ -386,7 +386,9 @@ def _iter_records(path: Path, report: ReadReport) -> Iterator[tuple[str, Any]]:
         )
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
+        # utf-8-sig: a leading byte-order mark (Windows editors, spreadsheet exports write one)
+        # is dropped, not read as the start of the first record
+        with opener(path, "rt", encoding="utf-8-sig") as f:
             if path.name.removesuffix(".gz").endswith(".jsonl"):
                 yield from _json_lines(f)  # streamed: JSONL files can be large
                 return

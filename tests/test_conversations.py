@@ -207,6 +207,20 @@ def test_folder_of_json_and_parquet_files_reads_both(tmp_path: Path) -> None:
     assert read_conversations(str(tmp_path / "e.json"))[0][0].label == "row 0 (id x)"
 
 
+def test_a_byte_order_mark_and_windows_line_ends_are_read(tmp_path: Path) -> None:
+    """Files saved by Windows editors and spreadsheet exports start with a UTF-8 byte-order
+    mark and end lines with CRLF; the first row used to be skipped as invalid JSON."""
+    rows = [{"prompt": f"q{i}", "response": f"a{i}"} for i in range(2)]
+    bom = "\ufeff"
+    (tmp_path / "rows.jsonl").write_text(bom + "\r\n".join(map(json.dumps, rows)) + "\r\n")
+    (tmp_path / "rows.json").write_text(bom + json.dumps(rows))
+    (tmp_path / "row.json").write_text(bom + json.dumps(rows[0]))
+    for name, kept in (("rows.jsonl", 2), ("rows.json", 2), ("row.json", 1)):
+        convs, report = read_conversations(str(tmp_path / name))
+        assert report.rows_kept == kept and not report.skipped, (name, report.examples)
+        assert convs[0].turns[0].content == "q0", name
+
+
 def test_csv_messages_column_holds_json_lists(tmp_path: Path) -> None:
     import datasets
 
