@@ -319,6 +319,8 @@ def parse_row(row: Any, index: int) -> Conversation:
         turns.append(Turn("assistant", "", tool_calls=_tool_calls(row["answers"], 1)))
     elif "prompt" in row or "instruction" in row:
         turns = _pair_turns(row)
+    elif "question" in row and isinstance(row.get("answer"), str):  # GSM8K and other QA sets
+        turns = [Turn("user", _text(row, "question")), Turn("assistant", _text(row, "answer"))]
     elif "text" in row:
         turns = [Turn("user", _text(row, "text"))]
     else:

@@ -114,6 +114,23 @@ def test_mtbench_and_humaneval_formats(tmp_path: Path) -> None:
     assert convs[0].category == ""  # no category field
 
 
+def test_question_answer_rows(tmp_path: Path) -> None:
+    """GSM8K-style question/answer rows are a pair; a question without one string answer (SQuAD's
+    context and answers dict) is no conversation this reader can tell, so it is skipped."""
+    path = tmp_path / "qa.jsonl"
+    rows = [
+        {"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"},
+        {"question": "Who?", "context": "...", "answers": {"text": ["x"]}},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    convs, report = read_conversations(str(path))
+    assert [(t.role, t.content) for t in convs[0].turns] == [
+        ("user", "What is 2 + 3?"),
+        ("assistant", "2 + 3 = 5\n#### 5"),
+    ]
+    assert len(convs) == 1 and report.skipped == {"unknown format": 1}
+
+
 def test_hf_dataset_on_disk(tmp_path: Path) -> None:
     import datasets
 
