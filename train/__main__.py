@@ -8,6 +8,7 @@ from draftsmith.cli import interrupted, run_stage
 
 
 def main(args: list[str]) -> None:
+    """The train stage for `args` (overrides, or the one `--config=<yaml>`)."""
     if len(args) == 1 and args[0].startswith("--config="):
         from draftsmith.allocator import reuse_freed_memory
         from draftsmith.config import load_config
