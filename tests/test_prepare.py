@@ -444,7 +444,7 @@ def test_prepare_with_regeneration_resumes(tmp_path: Path, monkeypatch) -> None:
     assert stats["source"]["skipped"] == {"unknown role": 1}
     # the question-only row got its answer from the target
     assert stats["skipped"] == {} and stats["rows"] == {"heldout": 3, "train": 28}
-    assert stats["regenerated"]
+    assert stats["regenerated"] and stats["regenerated_rows"] == {"heldout": 3, "train": 28}
     first = len(calls)
     out = tmp_path / "runs/default/prepare"
     chunks = sorted((out / "regen/train").glob("chunk_*.jsonl"))

@@ -98,18 +98,18 @@ def run(cfg: Config) -> dict:
     splits = {"heldout": conversations[:heldout_count], "train": conversations[heldout_count:]}
     renderer = conversation_renderer(cfg)
     tokenizer = renderer.tokenizer
+    regenerated: dict[str, int] = {}  # conversations per split whose answers the target wrote
     if d.regenerate:
         target = _answering_target(cfg)
         template = chat_template_digest(cfg.target.chat_template)
         for name in ("heldout", "train"):
             n = len(splits[name]) if d.regen.rows is None else d.regen.rows
             first, rest = splits[name][:n], splits[name][n:]
-            splits[name] = (
-                regenerate(
-                    target, tokenizer, renderer, first, d.regen, out / "regen" / name, template
-                )
-                + rest
+            new = regenerate(
+                target, tokenizer, renderer, first, d.regen, out / "regen" / name, template
             )
+            regenerated[name] = len(new)
+            splits[name] = new + rest
     skipped: Counter = Counter()
     examples: list[str] = []
     tokenized = {
@@ -152,6 +152,7 @@ def run(cfg: Config) -> dict:
         "made": new_id(),  # what collect and online training read, named (provenance)
         "source": report.to_dict(),
         "regenerated": d.regenerate,
+        "regenerated_rows": regenerated,
         "rows": {name: len(rows) for name, rows in tokenized.items()},
         "tokens": {
             name: sum(len(r["input_ids"]) for r in rows) for name, rows in tokenized.items()
