@@ -67,6 +67,9 @@ def ds_config(cfg: Config) -> dict:
         "gradient_clipping": t.grad_clip,
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
+        # with the optimizer offloaded, ours (torch's AdamW, DeepSpeed's Muon) steps on the CPU
+        # copies; DeepSpeed otherwise refuses any but its compiled CPU Adam
+        "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
