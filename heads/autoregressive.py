@@ -85,13 +85,15 @@ class AutoregressiveHead(DraftHead):
                     hidden, kv = self._maybe_checkpoint(layer, hidden, embeds, positions)
                     base_kv.append(kv)
                 else:
+                    # a copy of the earlier steps' k/v: the list grows with later steps, and a
+                    # checkpointed step is recomputed in backward with the inputs it was given
                     hidden, kv = self._maybe_checkpoint(
                         layer.ttt_forward,
                         hidden,
                         embeds,
                         positions + i,
                         base_kv[index],
-                        diag_kv[index],
+                        list(diag_kv[index]),
                     )
                     diag_kv[index].append(kv)
             yield hidden
