@@ -72,6 +72,19 @@ def test_tiny_head_overfits(run_overrides) -> None:
     assert (out / "training.png").stat().st_size > 10_000
 
 
+def test_features_of_other_layers_are_refused_naming_the_ways_on(run_overrides) -> None:
+    """A head fusing other target layers than the collected ones cannot train on them; the
+    error names the collected layers and the three ways on."""
+    from draftsmith.heads.eagle3 import default_aux_layers
+
+    collected = default_aux_layers(4)  # the tiny target's 4 layers: [2, 2, 1]
+    with pytest.raises(ValueError, match="hold .*head.aux_layers=.*train.source=online") as err:
+        loop.run(
+            compose([*run_overrides, "inputs_from=t", "run_name=l", "head.aux_layers=[1,2,3]"])
+        )
+    assert f"head.aux_layers={collected}" in str(err.value)
+
+
 def test_memory_savers_train_the_same_curve(run_overrides) -> None:
     """deepspeed.offload_optimizer=true keeps the optimizer state in CPU memory (ZeRO 1-3):
     DeepSpeed refused our AdamW there ("ZeRO-Offload with a client provided optimizer").

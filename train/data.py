@@ -77,7 +77,10 @@ class ShardRows:
         if aux_layers and list(aux_layers) != list(self.index["aux_layers"]):
             raise ValueError(
                 f"head wants aux layers {aux_layers} ({LAYER_CONVENTION}), shards in "
-                f"{self.folder} hold {self.index['aux_layers']}"
+                f"{self.folder} hold {self.index['aux_layers']}: train a head on those "
+                f"(head.aux_layers={list(self.index['aux_layers'])}), collect these into "
+                "another run (collect.aux_layers=..., its own run_name), or read the target "
+                "online (train.source=online)"
             )
 
     def __len__(self) -> int:
