@@ -111,18 +111,11 @@ def write_report(results: dict, out: Path) -> None:
         fig, ax = plt.subplots(figsize=(5, 3.2))
         # past the depth the head drafts to only a grafted prompt-lookup chain drafts
         head_depth = TreeSpec(**results["tree"]).drafted_depth
-        for drafter, colour, span in (
-            (
-                "head" + " and lookup" * bool(results["tree"]["lookup"]),
-                "#4c72b0",
-                range(1, min(head_depth, len(depths)) + 1),
-            ),
-            ("prompt-lookup branch only", "#dd8452", range(head_depth + 1, len(depths) + 1)),
-        ):
-            if span:
-                ax.bar(span, [depths[d - 1] for d in span], color=colour, label=drafter)
+        xs = range(1, len(depths) + 1)
+        bars = ax.bar(xs, depths, color=["#4c72b0" if d <= head_depth else "#dd8452" for d in xs])
         if len(depths) > head_depth:
-            ax.legend(fontsize=7)
+            labels = ["head and lookup", "prompt-lookup branch only"]
+            ax.legend([bars[0], bars[head_depth]], labels, fontsize=7)
         ax.set_xlabel("draft depth")
         ax.set_ylabel("P(accepted | offered)")
         ax.set_ylim(0, 1)
