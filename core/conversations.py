@@ -2,9 +2,11 @@
 
 Sources: ShareGPT JSON/JSONL (`conversations: [{from, value}]`), OpenAI messages JSONL
 (`messages: [{role, content}]`, content a string or text parts), prompt/completion (or response)
-pairs, Alpaca rows (`instruction`, `input`, `output`), plain text rows (`text`), MT-bench
-(`turns`), HumanEval (`prompt`); as JSON, JSONL (optionally .gz), Parquet, Arrow or CSV files,
-folders of them, HF datasets saved on disk or on the hub, and the embedded data assets by name.
+pairs, Alpaca rows (`instruction`, `input`, `output`), question/answer rows, preference pairs
+(the `chosen` reply; TRL's rows with text or messages, Orca's with a `system`, HH-RLHF's
+transcripts), plain text rows (`text`), MT-bench (`turns`), HumanEval (`prompt`); as JSON,
+JSONL (optionally .gz), Parquet, Arrow or CSV files, folders of them, HF datasets saved on disk
+or on the hub, and the embedded data assets by name.
 Malformed rows are skipped with their reason counted in a `ReadReport` and the first few named
 where they are (a folder's file, then its line in JSON Lines, else its row), never silently; a
 file that cannot be read at all is an error naming it. A JSON array cut off mid-record (the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -281,19 +284,54 @@ def _text(row: dict, key: str) -> str:
     return row[key]
 
 
+# a prompt row's answer, the first of these it has: prompt/completion (TRL's and OpenAI's old
+# fine-tuning files), response and output (Alpaca), answer (QA sets), chosen (preference pairs:
+# the preferred reply is the one to learn; `rejected` is dropped)
+ANSWER_KEYS = ("completion", "response", "output", "answer", "chosen")
+
+
+def _text_or_messages(row: dict, key: str, role: str) -> list[Turn]:
+    """A prompt's or an answer's turns: text is one `role` turn, a message list (TRL's
+    conversational rows) its own turns."""
+    value = row[key]
+    if isinstance(value, list):
+        return _turns_from(value, "role", "content")
+    return [Turn(role, _text(row, key))]
+
+
+def _transcript_turns(text: str) -> list[Turn]:
+    """Anthropic HH-RLHF's preference text ("\n\nHuman: ...\n\nAssistant: ..."): its turns;
+    RowError for text that is no such transcript (a reply without its prompt)."""
+    parts = re.split(r"\n\n(Human|Assistant): ?", "\n\n" + text.lstrip("\n"))
+    if parts[0] or len(parts) < 3:
+        raise RowError(
+            "preference row without a prompt: chosen is text but no Human/Assistant transcript"
+        )
+    roles = {"Human": "user", "Assistant": "assistant"}
+    return [Turn(roles[who], said) for who, said in zip(parts[1::2], parts[2::2], strict=True)]
+
+
 def _pair_turns(row: dict) -> list[Turn]:
-    """A prompt and, where the row has one, its answer: prompt + completion | response | output
-    (HumanEval has the prompt alone), or Alpaca's instruction [+ input] + output."""
+    """A prompt and, where the row has one, its answer (`ANSWER_KEYS`; HumanEval has the prompt
+    alone): prompt, Alpaca's instruction [+ input], or a question; each prompt and answer text
+    or, in TRL's conversational rows, messages; a `system` text (Orca's pairs) goes first.
+    A preference row without a prompt holds the whole conversation in `chosen`."""
     if "instruction" in row:
         prompt = _text(row, "instruction")
         if row.get("input"):
             prompt = f"{prompt}\n\n{_text(row, 'input')}"
+        turns = [Turn("user", prompt)]
+    elif "prompt" in row or "question" in row:
+        turns = _text_or_messages(row, "prompt" if "prompt" in row else "question", "user")
+    elif isinstance(row["chosen"], list):
+        return _turns_from(row["chosen"], "role", "content")
     else:
-        prompt = _text(row, "prompt")
-    turns = [Turn("user", prompt)]
-    answer = next((k for k in ("completion", "response", "output") if row.get(k) is not None), None)
+        return _transcript_turns(_text(row, "chosen"))
+    if isinstance(row.get("system"), str) and row["system"].strip() and turns[0].role != "system":
+        turns.insert(0, Turn("system", row["system"]))
+    answer = next((k for k in ANSWER_KEYS if row.get(k) is not None), None)
     if answer is not None:
-        turns.append(Turn("assistant", _text(row, answer)))
+        turns += _text_or_messages(row, answer, "assistant")
     return turns
 
 
@@ -317,10 +355,11 @@ def parse_row(row: Any, index: int) -> Conversation:
     elif "query" in row and "answers" in row:  # xLAM function calling: one reply of calls
         turns = [Turn("user", _text(row, "query"))]
         turns.append(Turn("assistant", "", tool_calls=_tool_calls(row["answers"], 1)))
-    elif "prompt" in row or "instruction" in row:
+    elif "prompt" in row or "instruction" in row or "chosen" in row:
         turns = _pair_turns(row)
-    elif "question" in row and isinstance(row.get("answer"), str):  # GSM8K and other QA sets
-        turns = [Turn("user", _text(row, "question")), Turn("assistant", _text(row, "answer"))]
+    # GSM8K and other QA sets (SQuAD's answers dict is no reply: unknown)
+    elif "question" in row and any(isinstance(row.get(k), str) for k in ("answer", "chosen")):
+        turns = _pair_turns(row)
     elif "text" in row:
         turns = [Turn("user", _text(row, "text"))]
     else:

@@ -131,6 +131,38 @@ def test_question_answer_rows(tmp_path: Path) -> None:
     assert len(convs) == 1 and report.skipped == {"unknown format": 1}
 
 
+def test_prompt_completion_and_preference_rows(tmp_path: Path) -> None:
+    """TRL's prompt/completion and preference rows, as text or messages, Orca's pairs with a
+    system text and HH-RLHF's transcripts are read with the chosen reply (it was the prompt
+    alone, or a skip: "non-string content: prompt"); a chosen text with no prompt is skipped."""
+    user = [{"role": "user", "content": "Hi?"}]
+    reply = [{"role": "assistant", "content": "Hello."}]
+    rows = [
+        {"prompt": "Hi?", "chosen": "Hello.", "rejected": "Go away."},
+        {"prompt": user, "completion": reply},
+        {"prompt": user, "chosen": reply, "rejected": [{"role": "assistant", "content": "No."}]},
+        {"chosen": user + reply, "rejected": user + [{"role": "assistant", "content": "No."}]},
+        {"system": "Be kind.", "question": "Hi?", "chosen": "Hello.", "rejected": "No."},
+        {"chosen": "\n\nHuman: Hi?\n\nAssistant: Hello.", "rejected": "\n\nHuman: Hi?"},
+        {"chosen": "Hello.", "rejected": "No."},
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    convs, report = read_conversations(str(path))
+    pair = [("user", "Hi?"), ("assistant", "Hello.")]
+    assert [[(t.role, t.content) for t in c.turns] for c in convs] == [
+        pair,
+        pair,
+        pair,
+        pair,
+        [("system", "Be kind."), *pair],
+        pair,
+    ]
+    assert report.examples == [
+        "line 7: preference row without a prompt: chosen is text but no Human/Assistant transcript"
+    ]
+
+
 def test_hf_dataset_on_disk(tmp_path: Path) -> None:
     import datasets
 
