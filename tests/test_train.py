@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -379,27 +380,71 @@ def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str], monkeypat
         torch.testing.assert_close(ranks[two][key], ranks[one][key], rtol=1e-4, atol=1e-6)
 
 
-def test_a_launched_training_reports_where_it_stopped(tmp_path: Path, monkeypatch) -> None:
+def test_a_ctrl_c_stops_launched_ranks_in_one_line(run_overrides, tmp_path: Path) -> None:
+    """A terminal's Ctrl-C (SIGINT to the whole process group) during a launched training stops
+    its ranks and ends in the one line saying what was kept, status 130: no traceback from
+    DeepSpeed's runner and no line from each rank."""
+    import signal
+
+    log = tmp_path / "stderr.txt"
+    command = [sys.executable, "-m", "draftsmith.cli", "train", *run_overrides, "inputs_from=t"]
+    command += ["run_name=ctrl_c", "launcher=deepspeed", "nproc=2", "train.max_steps=100000"]
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(
+            command,
+            env=_clean_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,  # its own group, as a terminal's foreground job
+            # SIGINT at its default even where this test runs as a background job (ignored)
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        for _ in range(600):  # until both ranks train (rank 0's progress bar moves)
+            if re.search(r"train eagle3: +\d+%.*\| [1-9]\d*/", log.read_text()):
+                break
+            assert process.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(timeout=120) == 130
+    err = log.read_text()
+    assert "Traceback" not in err, err[-3000:]
+    assert err.count("draftsmith train: interrupted; its last checkpoint is kept") == 1
+
+
+def test_a_launched_training_reports_where_it_stopped(
+    run_overrides, tmp_path: Path, monkeypatch
+) -> None:
     """`launcher=deepspeed`, called from Python: the ranks read this process's very config
     (with the resume `draftsmith run` asks for), saved beside the training; a time-boxed
     training's steps and earlier seconds are read back from what its rank 0 wrote (no launch
-    here: the launcher's run is recorded, and what rank 0 writes written as it would)."""
+    here: the launcher's run is recorded, and what rank 0 writes written as it would). With
+    nothing collected to train on, no rank is launched (each would fail with a traceback)."""
     from draftsmith.config import load_config
     from draftsmith.train import launch
 
-    cfg = compose(
-        [f"runs_dir={tmp_path}", "launcher=deepspeed", "nproc=2", "resume=true", "seed=3"]
-    )
+    launcher = ["launcher=deepspeed", "nproc=2", "resume=true", "seed=3"]
+    cfg = compose([*run_overrides, *launcher, "run_name=stopped", "inputs_from=t"])
     stopped = {"steps": 4, "stopped_early": True, "seconds_before_resume": 12.5}
     launched = []
 
     def ranks(cmd: list[str]) -> SimpleNamespace:
         launched.append(cmd)
         Path(cfg.stage_dir("train"), loop.STOPPED).write_text(json.dumps(stopped))
-        return SimpleNamespace(returncode=0)
+        return SimpleNamespace(wait=lambda: 0)
 
-    monkeypatch.setattr(launch.subprocess, "run", ranks)
+    monkeypatch.setattr(launch.subprocess, "Popen", ranks)
     monkeypatch.delenv("RANK", raising=False)  # set by the in-process trainings before it
+    for source, stage in (("offline", "collect"), ("online", "prepare")):
+        uncollected = compose(
+            [*run_overrides, *launcher, "run_name=none", f"train.source={source}"]
+        )
+        needed = re.escape(uncollected.input_dir(stage))
+        command = re.escape(f"run `draftsmith {stage} run_name=none` first")
+        with pytest.raises(
+            FileNotFoundError, match=f"^{needed}/.*: no finished {stage} .*{command}"
+        ):
+            launch.run(uncollected)
+    assert launched == []
     assert launch.run(cfg) == stopped
     config = Path(cfg.stage_dir("train"), "launch.yaml")
     assert launched[0][-1] == f"--config={config}"

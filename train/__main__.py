@@ -22,7 +22,10 @@ def main(args: list[str]) -> None:
 
 if __name__ == "__main__":
     # deepspeed's launcher appends --local_rank=N; the rank also arrives as LOCAL_RANK in the env
+    args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     try:
-        main([a for a in sys.argv[1:] if not a.startswith("--local_rank")])
+        main(args)
     except KeyboardInterrupt:  # a Ctrl-C reaches every rank
-        sys.exit(interrupted("train"))
+        # ranks `draftsmith train launcher=deepspeed` started (its saved config) leave saying
+        # what was kept to that one process
+        sys.exit(130 if any(a.startswith("--config=") for a in args) else interrupted("train"))

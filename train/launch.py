@@ -16,7 +16,7 @@ from pathlib import Path
 
 from draftsmith.conf.schema import Config
 from draftsmith.config import save_config
-from draftsmith.provenance import check_unchanged, stale
+from draftsmith.provenance import check_unchanged, stale, upstream
 from draftsmith.train import loop
 from draftsmith.train.engine import free_port
 
@@ -37,30 +37,66 @@ def run(cfg: Config) -> dict:
             cfg = replace(cfg, resume=True)  # the loop refuses it under other settings
     if cfg.launcher == "none" or "RANK" in os.environ:
         return loop.run(cfg)
+    _check_inputs(cfg)
     out.mkdir(parents=True, exist_ok=True)
     # the ranks run this very config (resume as decided above), whether it came from the
     # command line, from `draftsmith run` or from Python
     launch_config = out / "launch.yaml"
     save_config(replace(cfg, stage="train", launcher="none"), launch_config)
-    # DeepSpeed's launcher through this interpreter: works whether or not the venv's `deepspeed`
-    # script is on PATH (e.g. `.venv/bin/python -m pytest` without activating the venv)
-    cmd = [
-        sys.executable,
-        "-m",
-        "deepspeed.launcher.runner",
-        "--num_gpus",
-        str(cfg.nproc),
-        "--master_port",
-        str(free_port()),
-        "--module",
-        "draftsmith.train",
-        f"--config={launch_config}",
-    ]
-    print("launch:", " ".join(cmd))
-    result = subprocess.run(cmd)
-    if result.returncode != 0:
-        raise SystemExit(f"deepspeed launch failed with exit code {result.returncode}")
+    code = _launch(cfg.nproc, launch_config)
+    if code != 0:
+        raise SystemExit(f"deepspeed launch failed with exit code {code}")
     if (out / "summary.json").exists():
         return json.loads((out / "summary.json").read_text())
     # time-boxed (train.stop_after): where it stopped and the seconds before, as its rank 0 wrote
     return json.loads((out / loop.STOPPED).read_text())
+
+
+def _check_inputs(cfg: Config) -> None:
+    """Refuse a launch whose ranks would find nothing to train on, naming the command that makes
+    it: each rank would fail with its own traceback of the same error."""
+    stage = upstream(cfg, "train")  # collect, or prepare when training online
+    if stage == "prepare":
+        needed = Path(cfg.input_dir("prepare"), "dataset")
+        done = needed.exists()
+    else:
+        needed = Path(cfg.input_dir("collect"), "index.json")
+        done = needed.exists() and json.loads(needed.read_text()).get("complete", False)
+    if not done:
+        raise FileNotFoundError(
+            f"{needed}: no finished {stage} output to train on; run `draftsmith {stage} "
+            f"run_name={cfg.inputs_from or cfg.run_name}` first (or `draftsmith run`)"
+        )
+
+
+def _launch(nproc: int, config: Path) -> int:
+    """Run `-m draftsmith.train --config=<config>` as `nproc` ranks on this machine under
+    DeepSpeed's per-node launcher, the command DeepSpeed's runner (`deepspeed --num_gpus N`)
+    runs for one node. Not through the runner: a Ctrl-C, which reaches every process of the
+    terminal's group, ends the runner in a traceback, where the per-node launcher stops the
+    ranks and exits with one log line. This interpreter runs it, so it works whether or not the
+    venv's `deepspeed` script is on PATH (`.venv/bin/python -m pytest` without activating)."""
+    from deepspeed.launcher.runner import encode_world_info
+
+    cmd = [
+        sys.executable,
+        "-u",
+        "-m",
+        "deepspeed.launcher.launch",
+        f"--world_info={encode_world_info({'localhost': list(range(nproc))})}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        "--module",
+        "draftsmith.train",
+        f"--config={config}",
+    ]
+    print("launch:", " ".join(cmd))
+    launcher = subprocess.Popen(cmd)
+    try:
+        return launcher.wait()
+    except KeyboardInterrupt:
+        # the Ctrl-C reached the launcher too, which stops its ranks: wait for that, so the
+        # shell's prompt does not come back with ranks still running (a second Ctrl-C does not
+        # wait)
+        launcher.wait()
+        raise
