@@ -273,7 +273,14 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
                     f"unpickle (weights_only=True failed: {err})"
                 ) from err
             return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-    raise FormatError(f"{folder}: no model.safetensors, pytorch_model.bin or medusa weights")
+    # a run's train folder given for its head: name the subfolder that holds it
+    inside = [
+        str(d)
+        for d in sorted(folder.glob("*/"))
+        if any((d / n).exists() for n in SAFETENSORS_FILES + PICKLE_FILES)
+    ]
+    hint = f" (a head's weights are in {', '.join(inside)})" if inside else ""
+    raise FormatError(f"{folder}: no model.safetensors, pytorch_model.bin or medusa weights{hint}")
 
 
 def detect(folder: Path, config: dict, weights: dict[str, torch.Tensor]) -> tuple[str, str]:

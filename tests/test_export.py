@@ -321,6 +321,14 @@ def test_refusals(info, tiny_target, tmp_path: Path, make_tiny) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(FormatError, match="empty: no model.safetensors, pytorch_model.bin"):
         load_head(tmp_path / "empty", info)
+    # a run's train folder given for its head: the message names the subfolder holding it
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "checkpoints").mkdir()
+    export_head(trained_like("eagle3", info, tiny_target), "native", tmp_path / "train" / "head")
+    with pytest.raises(
+        FormatError, match=r"train: no .* weights \(a head's weights are in \S+/train/head\)$"
+    ):
+        load_head(tmp_path / "train", info)
     (tmp_path / "odd").mkdir()
     save_file({"encoder.weight": torch.zeros(2, 2)}, str(tmp_path / "odd" / "model.safetensors"))
     with pytest.raises(FormatError, match=r"odd: weights match no known head layout .*encoder"):
