@@ -359,8 +359,10 @@ def test_generated_reasoning_is_read_back_as_the_model_wrote_it(
 
 def test_bad_rows_are_rejected_with_reasons(tiny_tokenizer) -> None:
     renderer = ConversationTokenizer(tiny_tokenizer, max_len=8, length_policy="drop")
-    with pytest.raises(TemplateError, match="no assistant turn"):
+    with pytest.raises(TemplateError, match=r"^no assistant turn: a prompt alone \(data.regen"):
         renderer(Conversation("x", [Turn("user", "q")]))
+    with pytest.raises(TemplateError, match="^no assistant turn$"):
+        renderer(Conversation("x", [Turn("system", "be brief")]))
     with pytest.raises(TemplateError, match="no assistant turn after a prompt"):
         renderer(Conversation("x", [Turn("assistant", "a reply to nothing")]))
     with pytest.raises(TemplateError, match="too long"):
@@ -667,9 +669,10 @@ def test_preview_marks_the_learned_tokens_and_names_skips(tmp_path: Path) -> Non
     assert (
         "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n⟦Hello!<|im_end|>\n⟧" in text
     )
-    assert "== line 2 (id question): skipped: no assistant turn" in text and "unseen" not in text
+    skip = "== line 2 (id question): skipped: no assistant turn: a prompt alone (data.regenerate"
+    assert skip in text and "unseen" not in text
     # byte tokens, <|im_end|> one: "Hello!" <|im_end|> "\n" "Bye." <|im_end|> "\n"
-    assert shown == {"ok": 6 + 2 + 4 + 2, "question": "no assistant turn"}
+    assert shown["ok"] == 6 + 2 + 4 + 2 and shown["question"].startswith("no assistant turn: a")
     # data.last_reply_only reaches prepare's renderer: "Bye." <|im_end|> "\n" alone
     assert preview.run(compose([*overrides, "data.last_reply_only=true"]), io.StringIO())["ok"] == 6
     assert not (tmp_path / "runs").exists()

@@ -274,7 +274,11 @@ class ConversationTokenizer:
         turns = conversation.turns
         last = max((i for i, t in enumerate(turns) if t.role == "assistant"), default=-1)
         if last < 0:
-            raise TemplateError("no assistant turn")
+            raise TemplateError(
+                "no assistant turn: a prompt alone (data.regenerate=true has the target answer it)"
+                if any(t.role == "user" for t in turns)
+                else "no assistant turn"
+            )
         messages = conversation.to_messages()[: last + 1]  # trailing user turns carry no loss
         while messages and messages[0]["role"] == "assistant":  # a reply to nothing: no prompt
             messages = messages[1:]
