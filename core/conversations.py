@@ -101,6 +101,9 @@ class Conversation:
     # one): what messages about it name, since an id counted across rows or files shows in no
     # editor (empty: not read from a source)
     where: str = field(default="", compare=False)
+    # a `text` row: its one user turn is the row's text as given, which data.preformatted reads
+    # as a conversation the chat template already rendered
+    rendered: bool = False
 
     @property
     def label(self) -> str:
@@ -115,6 +118,8 @@ class Conversation:
 
     def to_row(self) -> dict:
         """One JSONL record that `parse_row` reads back as this conversation."""
+        if self.rendered:
+            return {"id": self.id, "text": self.turns[0].content}
         row: dict = {"id": self.id, "messages": self.to_messages()}
         if self.tools is not None:
             row["tools"] = self.tools
@@ -340,6 +345,7 @@ def parse_row(row: Any, index: int) -> Conversation:
     if not isinstance(row, dict):
         raise RowError(f"not an object: {type(row).__name__}")
     row_id = str(row.get("id", row.get("question_id", row.get("task_id", index))))
+    rendered = False
     if "conversations" in row:
         items = row["conversations"]
         keys = ("from", "value")
@@ -360,15 +366,19 @@ def parse_row(row: Any, index: int) -> Conversation:
     # GSM8K and other QA sets (SQuAD's answers dict is no reply: unknown)
     elif "question" in row and any(isinstance(row.get(k), str) for k in ("answer", "chosen")):
         turns = _pair_turns(row)
-    elif "text" in row:
-        turns = [Turn("user", _text(row, "text"))]
+    elif "text" in row:  # a prompt, or with data.preformatted a rendered conversation
+        turns, rendered = [Turn("user", _text(row, "text"))], True
     else:
         raise UnknownFormat(f"unknown format: keys {sorted(row)[:6]}")
     if not turns or all(not t.content.strip() and not t.tool_calls for t in turns):
         raise RowError("empty conversation")
     category = row.get("category")
     return Conversation(
-        row_id, turns, category if isinstance(category, str) else "", parse_tools(row.get("tools"))
+        row_id,
+        turns,
+        category if isinstance(category, str) else "",
+        parse_tools(row.get("tools")),
+        rendered=rendered,
     )
 
 

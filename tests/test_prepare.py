@@ -13,7 +13,7 @@ import torch
 from pipeline import regeneration_run
 
 from draftsmith.config import compose
-from draftsmith.conversations import Conversation, Turn
+from draftsmith.conversations import Conversation, Turn, parse_row
 from draftsmith.target import load_tokenizer
 from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
@@ -129,6 +129,34 @@ def test_loss_mask_is_exactly_the_assistant_text(template, end, tiny_tokenizer) 
     masked, unmasked = masked_and_not(tokenizer, out)
     assert masked == f"Hello!{end}Bye.{end}"
     assert "Hi there" in unmasked and "And?" in unmasked and "Hello" not in unmasked
+
+
+@pytest.mark.parametrize("template", [None, LLAMA3, MISTRAL, "plain"])
+def test_preformatted_text_learns_what_its_conversation_does(template, tiny_tokenizer) -> None:
+    """data.preformatted: a `text` row holding a conversation the template rendered gives the
+    ids and loss mask the conversation itself gives (ChatML, Llama 3, Mistral's eos-closed
+    replies, plain); off, the same row is a prompt alone; text without the template's reply
+    header is skipped naming it."""
+    tokenizer = load_tokenizer(str(Path(tiny_tokenizer.name_or_path)))
+    kind = "auto"
+    if template == "plain":
+        kind = "plain"
+    elif template is not None:
+        tokenizer.chat_template = template
+    renderer = ConversationTokenizer(tokenizer, kind, preformatted=True)
+    text = renderer.render(CONV.to_messages())
+    row = parse_row({"id": "r", "text": text}, 0)
+    assert row.rendered and row.to_row() == {"id": "r", "text": text}
+    assert renderer(row) == renderer(CONV)
+    # the last reply cut off mid-text (max_len would cut it too) is learned up to there
+    cut = renderer(dataclasses.replace(row, turns=[Turn("user", text[: text.rindex("Bye") + 2])]))
+    assert masked_and_not(tokenizer, cut)[0].endswith("By")
+    with pytest.raises(TemplateError, match="^no assistant turn: a prompt alone"):
+        ConversationTokenizer(tokenizer, kind)(row)
+    unanswered = dataclasses.replace(row, turns=[Turn("user", "Once upon a time")])
+    header = re.escape(repr(renderer.reply_header))
+    with pytest.raises(TemplateError, match=f"^no assistant turn: the text holds no {header}"):
+        renderer(unanswered)
 
 
 def test_replies_are_found_where_a_template_renders_them_otherwise_later(
@@ -402,6 +430,31 @@ def test_prepare_without_training_rows_names_the_rows_it_skipped(tmp_path: Path)
     # held out), not by an id no editor shows
     assert re.search(r"rendering skipped .*e\.g\. line [13]: no assistant turn", message)
     assert not Path(cfg.stage_dir("prepare"), "stats.json").exists()
+
+
+def test_prepare_reads_preformatted_text(tmp_path: Path, tiny_tokenizer) -> None:
+    """data.preformatted reaches prepare: rendered `text` rows prepare to the rows their
+    conversations do, and their held-out ones are written back as text rows."""
+    from draftsmith.train import prepare
+
+    renderer = ConversationTokenizer(tiny_tokenizer)
+    convs = [dataclasses.replace(CONV, id=str(i)) for i in range(4)]
+    texts, chats = tmp_path / "texts.jsonl", tmp_path / "chats.jsonl"
+    texts.write_text(
+        "".join(
+            json.dumps({"id": c.id, "text": renderer.render(c.to_messages())}) + "\n" for c in convs
+        )
+    )
+    chats.write_text("".join(json.dumps(c.to_row()) + "\n" for c in convs))
+    common = [f"runs_dir={tmp_path}/runs", "target=tiny-random-llama", "data.heldout=1"]
+    made = {
+        name: prepare.run(compose([*common, f"run_name={name}", f"data.path={path}", *extra]))
+        for name, path, extra in [("t", texts, ["data.preformatted=true"]), ("c", chats, [])]
+    }
+    assert made["t"]["masked_tokens"] == made["c"]["masked_tokens"]
+    assert made["t"]["tokens"] == made["c"]["tokens"]
+    heldout = json.loads(Path(tmp_path, "runs/t/prepare/heldout.jsonl").read_text())
+    assert list(heldout) == ["id", "text"]
 
 
 def test_held_out_conversations_all_skipped_are_named_by_training(

@@ -60,6 +60,7 @@ def conversation_renderer(cfg: Config) -> ConversationTokenizer:
         d.length_policy,
         cfg.target.chat_template_kwargs,
         d.last_reply_only,
+        d.preformatted,
     )
 
 

@@ -12,7 +12,9 @@ template that does not write the calls is a skip reason, not a reply trained wit
 Reasoning: conversations hold it as a `<think>` block opening the reply's text; a template that
 reads it from a `thinking` field instead (gpt-oss's harmony format) is given it there, and a
 reply the target generates in such a format is read back into a `<think>` block by where the
-template writes a probe's reasoning and answer.
+template writes a probe's reasoning and answer. Text rows already rendered with the template
+(data.preformatted) learn what the template writes after each user turn's end and generation
+prompt, up to the end-of-turn marker: the spans the conversation itself would give.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class ConversationTokenizer:
         length_policy: str = "truncate",
         template_kwargs: dict | None = None,
         last_reply_only: bool = False,
+        preformatted: bool = False,
     ) -> None:
         if template == "auto" and not getattr(tokenizer, "chat_template", None):
             raise ValueError(
@@ -87,6 +90,8 @@ class ConversationTokenizer:
         # learn only each conversation's last reply (data.last_reply_only: in thinking data the
         # earlier replies are shown without their reasoning, not as the model wrote them)
         self.last_reply_only = last_reply_only
+        # `text` rows are conversations the template already rendered (data.preformatted)
+        self.preformatted = preformatted
 
     def render(
         self,
@@ -214,6 +219,39 @@ class ConversationTokenizer:
         )
         return rendered[rendered.rindex(PROBE) + len(PROBE) :]
 
+    @functools.cached_property
+    def reply_header(self) -> str:
+        """What the template writes between a user turn's text and the reply: the turn's end
+        and the generation prompt (ChatML: `<|im_end|>\n<|im_start|>assistant\n`; Mistral,
+        which has no generation prompt: ` [/INST]`), which finds replies in rendered text."""
+        rendered = self.render([{"role": "user", "content": PROBE}], add_generation_prompt=True)
+        header = rendered[rendered.rindex(PROBE) + len(PROBE) :]
+        if not header:
+            raise TemplateError(
+                "rendered text cannot be read: the template writes nothing between a user "
+                "turn and the reply to find replies by"
+            )
+        return header
+
+    def rendered_spans(self, text: str) -> list[tuple[int, int]]:
+        """The character span of each reply in a conversation the template already rendered:
+        from the end of each `reply_header` to the end of the end-of-turn marker after it (the
+        spans `assistant_spans` gives the same conversation), or to the end of the text."""
+        header, marker = self.reply_header, self._end_of_turn
+        spans, at = [], text.find(header)
+        while at >= 0:
+            start = at + len(header)
+            end = text.find(marker, start)
+            end = len(text) if end < 0 else end + len(marker)
+            spans.append((start, end))
+            at = text.find(header, end)
+        if not spans:
+            raise TemplateError(
+                f"no assistant turn: the text holds no {header!r}, which the target's chat "
+                "template writes before a reply"
+            )
+        return spans
+
     def _found_spans(
         self,
         messages: list[dict],
@@ -271,6 +309,9 @@ class ConversationTokenizer:
         return at if at >= 0 and rendering[:at] == full[:at] else -1
 
     def __call__(self, conversation: Conversation) -> Tokenized:
+        if self.preformatted and conversation.rendered:
+            text = conversation.turns[0].content
+            return self._tokenized(text, self.rendered_spans(text))
         turns = conversation.turns
         last = max((i for i, t in enumerate(turns) if t.role == "assistant"), default=-1)
         if last < 0:
@@ -284,7 +325,11 @@ class ConversationTokenizer:
             messages = messages[1:]
         if not messages:
             raise TemplateError("no assistant turn after a prompt")
-        text, spans = self.assistant_spans(messages, conversation.tools)
+        return self._tokenized(*self.assistant_spans(messages, conversation.tools))
+
+    def _tokenized(self, text: str, spans: list[tuple[int, int]]) -> Tokenized:
+        """`text`'s token ids, learning the tokens that start inside `spans` (character spans
+        of the replies, in order), cut or refused at max_len."""
         if self.last_reply_only:
             spans = spans[-1:]
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
