@@ -36,14 +36,6 @@ class AutoregressiveHead(DraftHead):
     def feature_input(self, hidden: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
         """Target features [B, N, H] (+ aux [B, N, 3H]) -> the draft's hidden input [B, N, H]."""
 
-    def with_noise(self, feature: torch.Tensor, fraction: float) -> torch.Tensor:
-        """In training, `feature` [.., H] plus uniform noise of `fraction` of each token's
-        feature RMS (EAGLE-1's augmentation: drafting reads the head's own inexact features)."""
-        if not self.training or fraction <= 0:
-            return feature
-        rms = feature.pow(2).mean(-1, keepdim=True).sqrt()
-        return feature + (torch.rand_like(feature) - 0.5) * fraction * rms
-
     def fuse(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """Mix token embeddings into the hidden stream before the layers (EAGLE-1's fc)."""
         return hidden

@@ -60,7 +60,11 @@ class Eagle1Head(AutoregressiveHead):
         )
 
     def feature_input(self, hidden: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
-        return self.with_noise(self.parts.norm(hidden), self.config.feature_noise)
+        feature = self.parts.norm(hidden)
+        if self.training and self.config.feature_noise > 0:
+            rms = feature.pow(2).mean(-1, keepdim=True).sqrt()
+            feature = feature + (torch.rand_like(feature) - 0.5) * self.config.feature_noise * rms
+        return feature
 
     def fuse(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.cat([embeds, hidden], dim=-1))

@@ -48,8 +48,6 @@ class Eagle3Config(HeadConfig):
     # unrolled training-time-test steps, and the weight decay^i of step i
     ttt_steps: int = 7
     step_decay: float = 0.8
-    # uniform noise on the fused target features in training, a fraction of their RMS
-    feature_noise: float = 0.0
 
     def __post_init__(self) -> None:
         if self.ttt_steps < 1:
@@ -103,7 +101,7 @@ class Eagle3Head(AutoregressiveHead):
     def feature_input(self, hidden: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
         if aux is None:
             raise ValueError("the eagle3 head needs aux features (collect with the eagle3 layers)")
-        return self.with_noise(self.fc(aux), self.config.feature_noise)
+        return self.fc(aux)
 
     def draft_logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden_out))
