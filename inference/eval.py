@@ -51,6 +51,7 @@ from draftsmith.target import (
     torch_dtype,
 )
 from draftsmith.tracking import Tracker
+from draftsmith.train.tokenize import render_plain
 
 
 def benchmark_source(cfg: Config) -> str:
@@ -119,11 +120,16 @@ def chat_prompt(
     history: list[dict] | None = None,
     template_kwargs: dict | None = None,
     tools: list[dict] | None = None,
+    template: str = "auto",
 ) -> list[int]:
     """`text` as the next user turn after `history` (earlier messages; none: a new chat), in the
     target's chat template (with `template_kwargs`: target.chat_template_kwargs, and `tools`),
-    ending in the generation prompt."""
+    ending in the generation prompt; or, `template="plain"` (data.template), in the "Role: text"
+    lines prepare renders a template-less target's data in."""
     messages = [*(history or []), {"role": "user", "content": text}]
+    if template == "plain":
+        rendered = render_plain(messages, True, tokenizer.eos_token or "", tools)
+        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
     ids = tokenizer.apply_chat_template(
         messages,
         tools=tools,
@@ -336,6 +342,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
         raise ValueError(f"eval.heads={cfg.eval.heads}: repeats a run (this run is {cfg.run_name})")
     tokenizer = target_tokenizer(cfg.target)
     template_kwargs = cfg.target.chat_template_kwargs
+    template = cfg.data.template  # as prepare rendered the head's data
     # every method decodes with the same (maybe packed) target, so the ratios stay like for like
     target, info, parts, packed = decoding_target(cfg)
     vocab = draft_vocabulary(cfg, info)  # [Vd] target ids, or None
@@ -388,7 +395,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
         compile_target(target)
         setting = settings[0]
         first = chat_prompt(
-            tokenizer, conversations[0][0], setting.system, template_kwargs, setting.tools
+            tokenizer, conversations[0][0], setting.system, template_kwargs, setting.tools, template
         )
         for method in tqdm(methods, desc="compile (untimed warm-up)", unit="method"):
             decode(method, first, cfg.seed)
@@ -414,7 +421,9 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
                 history = list(setting.system)
                 seen[method] = []
                 for turn, text in enumerate(turns):
-                    prompt = chat_prompt(tokenizer, text, history, template_kwargs, setting.tools)
+                    prompt = chat_prompt(
+                        tokenizer, text, history, template_kwargs, setting.tools, template
+                    )
                     # turn 0 keeps the seed a first-turn eval has always used
                     seed = cfg.seed + index + turn * len(conversations)
                     t0 = time.perf_counter()
@@ -557,6 +566,8 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
     if not cfg.eval.tag:  # another template or its variables, other prompts: other results
         if cfg.target.chat_template is not None:
             tag += f"-template{chat_template_digest(cfg.target.chat_template)}"
+        if cfg.data.template == "plain":  # "Role: text" prompts, as prepare rendered the data
+            tag += "-plain"
         tag += "".join(f"-{k}={v}" for k, v in sorted(cfg.target.chat_template_kwargs.items()))
         # fewer prompts or tokens than the protocol's (a smoke test) never replace its results
         e, protocol = cfg.eval, EvalConfig()

@@ -100,9 +100,10 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     system = [{"role": "system", "content": g.system}] if g.system else None
     tools = read_tools(g.tools)
     kwargs = cfg.target.chat_template_kwargs
-    prompt = chat_prompt(tokenizer, text, system, kwargs, tools)
+    template = cfg.data.template
+    prompt = chat_prompt(tokenizer, text, system, kwargs, tools, template)
     # a template that leaves the tools out would have the target answer without them, silently
-    if tools and prompt == chat_prompt(tokenizer, text, system, kwargs):
+    if tools and prompt == chat_prompt(tokenizer, text, system, kwargs, None, template):
         raise ValueError(
             f"generate.tools={g.tools!r}: the chat template does not render tools "
             "(target.chat_template=<file> can give one that does)"

@@ -214,6 +214,46 @@ def test_greedy_turns_are_compared_until_a_prompt_differs(tiny_target) -> None:
     assert [(m["prompt"], m["turn"], m["first_divergence"]) for m in head.mismatches] == [(7, 1, 1)]
 
 
+def test_a_target_without_a_template_is_prompted_as_its_data_was_rendered(
+    tmp_path: Path, head_dir: Path, make_tiny, monkeypatch
+) -> None:
+    """data.template=plain (a base model without a chat template): eval and generate prompt it
+    in the "Role: text" lines prepare rendered its data in, where they failed in transformers'
+    apply_chat_template; its results go to their own folder."""
+    import io
+
+    from draftsmith.inference import generate
+
+    prompts = []
+
+    def recording(real):
+        def wrapper(*args):
+            prompts.append(real(*args))
+            return prompts[-1]
+
+        return wrapper
+
+    monkeypatch.setattr(evaluate, "chat_prompt", recording(evaluate.chat_prompt))
+    monkeypatch.setattr(generate, "chat_prompt", recording(generate.chat_prompt))
+    base = make_tiny(chat_template=None)  # the tiny target's weights and tokens, no template
+    bench = _benchmark(tmp_path / "question.jsonl", [("math", "What is 12 times 7?")])
+    overrides = _tiny_eval(tmp_path, head_dir, bench, f"target.path={base}", "data.template=plain")
+    r = evaluate.run(compose([*overrides, "eval.baselines=[vanilla]", "eval.max_new_tokens=8"]))
+    assert r["mismatch"]["checked"] and r["mismatch"]["prompts"] == 0
+    assert list(Path(tmp_path, "runs/default/eval").glob("question-*-plain-*/results.json"))
+    generate.run(
+        compose([*overrides, "generate.prompt=hi", "generate.max_new_tokens=4"]), out=io.StringIO()
+    )
+    from draftsmith.target import load_tokenizer
+
+    tokenizer = load_tokenizer(str(base))
+    # eval renders the prompt once per method
+    assert list(dict.fromkeys(tokenizer.decode(p) for p in prompts)) == [
+        "User: What is 12 times 7?\nAssistant: ",
+        "User: hi\nAssistant: ",
+    ]
+
+
 def test_chat_template_kwargs_reach_every_rendering(tmp_path: Path, head_dir: Path, monkeypatch):
     """target.chat_template_kwargs reach the renderings of prepare (loss masks, regeneration
     prompts), eval (every turn's prompt) and generate."""
@@ -266,9 +306,9 @@ def test_a_conversations_system_turns_and_tools_reach_its_prompts(
     seen = []
     real = evaluate.chat_prompt
 
-    def recording(tokenizer, text, history, kwargs, tools):
+    def recording(tokenizer, text, history, kwargs, tools, template):
         seen.append((text, list(history), tools))
-        return real(tokenizer, text, history, kwargs, tools)
+        return real(tokenizer, text, history, kwargs, tools, template)
 
     monkeypatch.setattr(evaluate, "chat_prompt", recording)
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]

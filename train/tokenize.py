@@ -54,9 +54,10 @@ def _thinking_apart(message: dict) -> dict:
     return message if reasoning is None else {**message, "thinking": reasoning, "content": answer}
 
 
-def _render_plain(
+def render_plain(
     messages: list[dict], add_generation_prompt: bool, eos: str, tools: list[dict] | None
 ) -> str:
+    """`data.template=plain`: "Role: text" lines for a target without a chat template."""
     text = f"Tools: {json.dumps(tools)}\n" if tools else ""
     for m in messages:
         calls = "".join(f"\nCall: {json.dumps(c['function'])}" for c in m.get("tool_calls") or ())
@@ -101,7 +102,7 @@ class ConversationTokenizer:
     ) -> str:
         if self.template == "plain":
             eos = self.tokenizer.eos_token or ""
-            return _render_plain(messages, add_generation_prompt, eos, tools)
+            return render_plain(messages, add_generation_prompt, eos, tools)
         if self.reads_thinking:
             messages = [_thinking_apart(m) for m in messages]
         try:
