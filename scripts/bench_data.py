@@ -24,6 +24,7 @@ from draftsmith.conf.schema import RegenConfig
 from draftsmith.conversations import Conversation, read_conversations
 from draftsmith.features import extract_features
 from draftsmith.heads import TargetParts
+from draftsmith.heads.eagle3 import default_aux_layers
 from draftsmith.target import load_target, load_tokenizer
 from draftsmith.train.collect import plan_batches
 from draftsmith.train.regenerate import regenerate_chunk
@@ -34,6 +35,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--data", default="sharegpt", help="conversations to render (data.path)")
     p.add_argument("--rows", type=int, default=48)
     p.add_argument("--tokens-per-batch", type=int, default=4096)
     p.add_argument("--regen-batch", type=int, default=32, help="0 = skip regeneration")
@@ -44,7 +46,7 @@ def main() -> None:
     tokenizer = load_tokenizer(args.target)
     target = load_target(args.target, args.dtype)
     renderer = ConversationTokenizer(tokenizer, max_len=512)
-    conversations, _ = read_conversations("sharegpt", limit=max(args.rows, args.regen_batch) * 2)
+    conversations, _ = read_conversations(args.data, limit=max(args.rows, args.regen_batch) * 2)
     rows = []
     for conv in conversations:
         try:
@@ -66,12 +68,16 @@ def main() -> None:
             mask[r, : lengths[i]] = 1
         return ids, mask
 
+    aux_layers = default_aux_layers(target.config.num_hidden_layers)  # as collect's default
+
+    # both on right-padded rows without a padding mask, as collect runs the target
+    # (features.extract_features): the difference is the hooks, top-1 labels and copies
     def plain(ids, mask) -> None:
         with torch.no_grad():
-            target(input_ids=ids, attention_mask=mask, use_cache=False)
+            target(input_ids=ids, use_cache=False)
 
     def collect(ids, mask) -> None:
-        hidden, aux = extract_features(target, ids, mask, [2, 15, 27])
+        hidden, aux = extract_features(target, ids, aux_layers)
         top = parts.top_tokens(hidden)
         _ = [
             (hidden[r, :n].half(), aux[r, :n].half(), top[r, :n].int())

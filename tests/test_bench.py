@@ -48,6 +48,49 @@ def test_bench_oracle_reads_tau_ceilings_off_the_target(tmp_path: Path) -> None:
     assert tau[1] == 1.0 and 1.0 < tau[4] <= tau[10] < 4.0, tau
 
 
+def test_bench_data_times_collection_and_regeneration(tmp_path: Path) -> None:
+    """(It had called the feature extraction with a padding mask it no longer takes.)"""
+    chats = tmp_path / "chats.jsonl"
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"count to {i}"},
+                {"role": "assistant", "content": "1 2 3"},
+            ]
+        }
+        for i in range(6)
+    ]
+    chats.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["--target", TINY_NAME, "--dtype", "float32", "--data", str(chats), "--rows", "6"]
+    args += ["--regen-batch", "2", "--regen-tokens", "6", "--out", str(tmp_path / "out")]
+    subprocess.run([sys.executable, str(SCRIPTS / "bench_data.py"), *args], check=True)
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert result["plain_forward_tokens_per_second"] > 0 < result["collect_tokens_per_second"]
+    regen = ("batched", "batch1", "hf_generate", "continuous")
+    assert all(result[f"regen_tokens_per_second_{k}"] > 0 for k in regen)
+
+
+def test_bench_draft_times_the_drafting_modes(tmp_path: Path, head_dir: Path) -> None:
+    """(Its random prompt had ids past a small vocabulary.)"""
+    args = ["--head", str(head_dir), "--target", TINY_NAME, "--dtype", "float32", "--steps", "2"]
+    args += ["--rounds", "2", "--modes", "packed", "--out", str(tmp_path)]
+    subprocess.run([sys.executable, str(SCRIPTS / "bench_draft.py"), *args], check=True)
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert all(result[mode]["ms_per_step"] > 0 for mode in ("eager", "packed"))
+    assert "layer" not in result
+
+
+def test_bench_train_times_every_head(tmp_path: Path) -> None:
+    from pipeline import tiny_run
+
+    tiny_run(tmp_path)
+    args = ["--collect", str(tmp_path / "runs/t/collect"), "--target", TINY_NAME]
+    args += ["--dtype", "float32", "--batch", "2", "--steps", "1", "--out", str(tmp_path / "o")]
+    subprocess.run([sys.executable, str(SCRIPTS / "bench_train.py"), *args], check=True)
+    result = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert all(result[h]["tokens_per_second"] > 0 for h in ("eagle1", "eagle3", "medusa", "hydra"))
+
+
 def test_oracle_node_logits_are_the_targets_after_each_path(tiny_target, monkeypatch) -> None:
     """The oracle's tree forward (cached context, tree mask, depth positions) gives every node
     the logits a plain forward over context + the node's path gives."""
