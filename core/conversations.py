@@ -19,7 +19,7 @@ JSON text or an object; ShareGPT's `function_call` turns, whose value is the cal
 results (roles `tool`, `function`, `ipython`, `observation`); xLAM rows (`query`, `tools`,
 `answers`: the calls) are a user turn and a reply of calls. A reply's reasoning given apart
 (`reasoning_content`, `reasoning` or gpt-oss's `thinking`) is put in front of its text in a
-`<think>` block; a template that reads it from a field gets it back there (train/tokenize.py).
+`<think>` block; a template that reads it from a field gets it back there (core/tokenize.py).
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ from draftsmith.target import (
     target_tokenizer,
     torch_dtype,
 )
+from draftsmith.tokenize import render_plain
 from draftsmith.tracking import Tracker
-from draftsmith.train.tokenize import render_plain
 
 
 def benchmark_source(cfg: Config) -> str:

@@ -26,9 +26,9 @@ from draftsmith.features import extract_features
 from draftsmith.heads import TargetParts
 from draftsmith.heads.eagle3 import default_aux_layers
 from draftsmith.target import load_target, load_tokenizer
+from draftsmith.tokenize import ConversationTokenizer, TemplateError
 from draftsmith.train.collect import plan_batches
 from draftsmith.train.regenerate import regenerate_chunk
-from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from pipeline import regeneration_run
 from draftsmith.config import compose
 from draftsmith.conversations import Conversation, Turn, parse_row
 from draftsmith.target import load_tokenizer
-from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
+from draftsmith.tokenize import ConversationTokenizer, TemplateError
 
 LLAMA3 = (
     "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "

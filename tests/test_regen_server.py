@@ -18,10 +18,10 @@ from pipeline import regeneration_run
 from draftsmith.conf.schema import RegenConfig
 from draftsmith.config import compose
 from draftsmith.target import load_tokenizer, stop_token_ids
+from draftsmith.tokenize import ConversationTokenizer
 from draftsmith.train import prepare
 from draftsmith.train.regen_server import ServerError
 from draftsmith.train.regenerate import generate_answers
-from draftsmith.train.tokenize import ConversationTokenizer
 
 
 class StandIn:

@@ -23,9 +23,9 @@ from draftsmith.files import write_text_atomic
 from draftsmith.packed import pack_linears
 from draftsmith.provenance import check_unchanged, new_id, record, stage_settings
 from draftsmith.target import chat_template_digest, load_target, target_tokenizer
+from draftsmith.tokenize import ConversationTokenizer, TemplateError
 from draftsmith.train.regen_server import served_target
 from draftsmith.train.regenerate import regenerate
-from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
 
 def tokenize_all(

@@ -15,8 +15,8 @@ from typing import TextIO
 
 from draftsmith.conf.schema import Config
 from draftsmith.conversations import read_conversations
+from draftsmith.tokenize import TemplateError
 from draftsmith.train.prepare import conversation_renderer
-from draftsmith.train.tokenize import TemplateError
 
 MARKS = {False: ("⟦", "⟧"), True: ("\033[42m", "\033[0m")}  # by whether `out` is a terminal
 

@@ -29,8 +29,8 @@ from draftsmith.conversations import Conversation, Turn
 from draftsmith.files import write_text_atomic
 from draftsmith.inference.verify import Sampling, generate_kwargs
 from draftsmith.target import cache_kwarg, stop_token_ids
+from draftsmith.tokenize import ConversationTokenizer, TemplateError
 from draftsmith.train.regen_server import ServerClient, ServerError
-from draftsmith.train.tokenize import ConversationTokenizer, TemplateError
 
 # why a reply `ConversationTokenizer.read_reply` cannot read is dropped
 UNREADABLE = "the reply is in no form the template writes back (gpt-oss's calls)"
