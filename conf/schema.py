@@ -152,9 +152,9 @@ class DataConfig:
     # at least 1: training keeps its best head by their simulated tau
     heldout: int = 32
     # `text` rows are conversations already rendered with the target's chat template
-    # (SpecForge's is_preformatted): tokenized as they are, each reply learned from the
-    # template's reply header (its generation prompt) to its end-of-turn marker. Off: a `text`
-    # row is a prompt
+    # (SpecForge's is_preformatted): tokenized as they are, each reply learned from what the
+    # template writes after a user turn (its end, the generation prompt) to the end-of-turn
+    # marker; eval prompts one with its text up to its first reply. Off: a `text` row is a prompt
     preformatted: bool = False
     # let the target answer every user turn itself (self-distillation)
     regenerate: bool = False
@@ -455,12 +455,6 @@ class Config:
                 f"{self.train.grad_clip} would clip the update itself (on the quick preset "
                 "held-out simulated tau fell from 1.46 to 1.22); use deepspeed=zero0 (a head's "
                 "optimizer state fits every rank) or train.grad_clip=0"
-            )
-        if self.data.preformatted and self.eval.benchmark == "heldout":
-            raise ValueError(
-                "eval.benchmark=heldout with data.preformatted=true: eval decodes a held-out "
-                "conversation from its user turns, which a rendered text row does not hold "
-                "apart; evaluate on mt-bench, humaneval or a file of conversations"
             )
         # checked here, not at eval time, so `draftsmith run` refuses it before hours of training
         if self.eval.draft_vocab_size and not self.head.drafts_with_target_lm_head:

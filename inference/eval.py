@@ -50,7 +50,7 @@ from draftsmith.target import (
     target_tokenizer,
     torch_dtype,
 )
-from draftsmith.tokenize import render_plain
+from draftsmith.tokenize import ConversationTokenizer, render_plain
 from draftsmith.tracking import Tracker
 
 
@@ -70,24 +70,41 @@ def benchmark_source(cfg: Config) -> str:
 @dataclass
 class Setting:
     """What a benchmark conversation gives every prompt besides its user turns: the system
-    turns before its first user turn and its tools (function schemas)."""
+    turns before its first user turn and its tools (function schemas); or, `rendered`, that its
+    one turn is already the prompt's text as the template renders it (data.preformatted)."""
 
     system: list[dict]
     tools: list[dict] | None
+    rendered: bool = False
 
 
 def user_turns(
-    source: str, limit: int | None = None
+    source: str, limit: int | None = None, reply_header: str | None = None
 ) -> tuple[list[list[str]], list[str], list[Setting], ReadReport]:
     """User turns of the first `limit` conversations of `source` (file, folder, HF dataset or
     asset name), each conversation's category ("" where the source names none) and setting,
     and the read's report: a row that is not a conversation with a user turn is skipped and
-    counted there (printed by the callers, recorded in the results), never dropped unseen."""
+    counted there (printed by the callers, recorded in the results), never dropped unseen.
+    With `reply_header` (data.preformatted: `ConversationTokenizer.reply_header`), a `text` row
+    is a rendered conversation whose one turn is its text through the first reply header: the
+    prompt of its first reply."""
     conversations, report = read_conversations(source, limit=limit)
+    kept = []
     for conv in conversations:
+        if reply_header is not None and conv.rendered:
+            text = conv.turns[0].content
+            if reply_header not in text:
+                report.skip(conv.label, f"no assistant turn: the text holds no {reply_header!r}")
+                continue
+            first = text[: text.index(reply_header) + len(reply_header)]
+            conv = dataclasses.replace(
+                conv, turns=[dataclasses.replace(conv.turns[0], content=first)]
+            )
         if not conv.user_prompts():
             report.skip(conv.label, "no user turn")
-    conversations = [conv for conv in conversations if conv.user_prompts()]
+            continue
+        kept.append(conv)
+    conversations = kept
     report.rows_kept = len(conversations)
     if not conversations:
         raise ValueError(f"benchmark {source!r} has no usable prompts ({report.summary()})")
@@ -95,7 +112,7 @@ def user_turns(
     for conv in conversations:
         first_user = next(i for i, t in enumerate(conv.turns) if t.role == "user")
         system = [t.to_message() for t in conv.turns[:first_user] if t.role == "system"]
-        settings.append(Setting(system, conv.tools))
+        settings.append(Setting(system, conv.tools, reply_header is not None and conv.rendered))
     turns = [conv.user_prompts() for conv in conversations]
     return turns, [c.category for c in conversations], settings, report
 
@@ -367,7 +384,11 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
         contenders.append(_Contender(run, head_path, decoder, draft))
     e = cfg.eval
     digest = source_digest(benchmark_source(cfg))  # before reading: as read, not as edited since
-    conversations, categories, settings, report = user_turns(benchmark_source(cfg), e.limit)
+    header = None  # data.preformatted: `text` rows are rendered conversations, prompted through it
+    if cfg.data.preformatted:
+        renderer = ConversationTokenizer(tokenizer, template, template_kwargs=template_kwargs)
+        header = renderer.reply_header
+    conversations, categories, settings, report = user_turns(benchmark_source(cfg), e.limit, header)
     if report.skipped and shard == 0:  # every worker reads the benchmark; one says so
         print(report.summary())
     if e.turns == "first":
@@ -391,12 +412,14 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
             out = target.generate(ids, **gen_kwargs, **extra)[0, ids.shape[1] :].tolist()
         return out, None
 
+    def prompt_ids(text: str, history: list[dict], setting: Setting) -> list[int]:
+        if setting.rendered:  # already the template's text, through the reply header
+            return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return chat_prompt(tokenizer, text, history, template_kwargs, setting.tools, template)
+
     if e.compile:
         compile_target(target)
-        setting = settings[0]
-        first = chat_prompt(
-            tokenizer, conversations[0][0], setting.system, template_kwargs, setting.tools, template
-        )
+        first = prompt_ids(conversations[0][0], settings[0].system, settings[0])
         for method in tqdm(methods, desc="compile (untimed warm-up)", unit="method"):
             decode(method, first, cfg.seed)
         for c in contenders:
@@ -421,9 +444,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
                 history = list(setting.system)
                 seen[method] = []
                 for turn, text in enumerate(turns):
-                    prompt = chat_prompt(
-                        tokenizer, text, history, template_kwargs, setting.tools, template
-                    )
+                    prompt = prompt_ids(text, history, setting)
                     # turn 0 keeps the seed a first-turn eval has always used
                     seed = cfg.seed + index + turn * len(conversations)
                     t0 = time.perf_counter()

@@ -254,6 +254,53 @@ def test_a_target_without_a_template_is_prompted_as_its_data_was_rendered(
     ]
 
 
+def test_preformatted_held_out_rows_are_prompted_up_to_their_first_reply(
+    tmp_path: Path, head_dir: Path, monkeypatch
+) -> None:
+    """data.preformatted: eval.benchmark=heldout decodes a rendered row from its text through
+    the first reply header, the prompt its conversation's first turn renders to, so both
+    decode alike."""
+    from draftsmith.target import load_tokenizer
+    from draftsmith.tokenize import ConversationTokenizer
+    from draftsmith.train import prepare
+
+    tokenizer = load_tokenizer("tiny-random-llama")
+    renderer = ConversationTokenizer(tokenizer)
+    chats = [
+        [{"role": "user", "content": f"Count to {i}."}, {"role": "assistant", "content": "1 2"}]
+        for i in range(6)
+    ]
+    texts, rows = tmp_path / "texts.jsonl", tmp_path / "chats.jsonl"
+    texts.write_text(
+        "".join(
+            json.dumps({"id": str(i), "text": renderer.render(m)}) + "\n"
+            for i, m in enumerate(chats)
+        )
+    )
+    rows.write_text(
+        "".join(json.dumps({"id": str(i), "messages": m}) + "\n" for i, m in enumerate(chats))
+    )
+    read, real = [], evaluate.user_turns
+
+    def recording(*args):
+        out = real(*args)
+        read.append(out[0])  # each held-out row's turns, as eval reads them
+        return out
+
+    monkeypatch.setattr(evaluate, "user_turns", recording)
+    results = {}
+    for run, path, extra in (("t", texts, ["data.preformatted=true"]), ("c", rows, [])):
+        common = [*_tiny_eval(tmp_path, head_dir, "heldout", *extra), f"run_name={run}"]
+        prepare.run(compose([*common, f"data.path={path}", "data.heldout=2"]))
+        evals = ["eval.baselines=[vanilla]", "eval.max_new_tokens=8"]
+        results[run] = evaluate.run(compose([*common, f"data.path={path}", *evals]))
+    assert results["t"]["mismatch"]["checked"] and results["t"]["mismatch"]["prompts"] == 0
+    assert results["t"]["per_prompt"] == results["c"]["per_prompt"]
+    assert [t[0] for t in read[0]] == [
+        tokenizer.decode(evaluate.chat_prompt(tokenizer, t[0])) for t in read[1]
+    ]
+
+
 def test_chat_template_kwargs_reach_every_rendering(tmp_path: Path, head_dir: Path, monkeypatch):
     """target.chat_template_kwargs reach the renderings of prepare (loss masks, regeneration
     prompts), eval (every turn's prompt) and generate."""
