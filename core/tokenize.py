@@ -54,7 +54,7 @@ def _thinking_apart(message: dict) -> dict:
     return message if reasoning is None else {**message, "thinking": reasoning, "content": answer}
 
 
-def render_plain(
+def _render_plain(
     messages: list[dict], add_generation_prompt: bool, eos: str, tools: list[dict] | None
 ) -> str:
     """`data.template=plain`: "Role: text" lines for a target without a chat template."""
@@ -102,7 +102,7 @@ class ConversationTokenizer:
     ) -> str:
         if self.template == "plain":
             eos = self.tokenizer.eos_token or ""
-            return render_plain(messages, add_generation_prompt, eos, tools)
+            return _render_plain(messages, add_generation_prompt, eos, tools)
         if self.reads_thinking:
             messages = [_thinking_apart(m) for m in messages]
         try:

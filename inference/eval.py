@@ -50,7 +50,7 @@ from draftsmith.target import (
     target_tokenizer,
     torch_dtype,
 )
-from draftsmith.tokenize import ConversationTokenizer, render_plain
+from draftsmith.tokenize import ConversationTokenizer
 from draftsmith.tracking import Tracker
 
 
@@ -139,22 +139,12 @@ def chat_prompt(
     tools: list[dict] | None = None,
     template: str = "auto",
 ) -> list[int]:
-    """`text` as the next user turn after `history` (earlier messages; none: a new chat), in the
-    target's chat template (with `template_kwargs`: target.chat_template_kwargs, and `tools`),
-    ending in the generation prompt; or, `template="plain"` (data.template), in the "Role: text"
-    lines prepare renders a template-less target's data in."""
-    messages = [*(history or []), {"role": "user", "content": text}]
-    if template == "plain":
-        rendered = render_plain(messages, True, tokenizer.eos_token or "", tools)
-        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    ids = tokenizer.apply_chat_template(
-        messages,
-        tools=tools,
-        add_generation_prompt=True,
-        return_dict=False,
-        **(template_kwargs or {}),
-    )
-    return list(ids)
+    """`text` as the next user turn after `history` (earlier messages; none: a new chat),
+    rendered as prepare renders conversations (`template`: data.template, the target's chat
+    template or "plain" lines; `template_kwargs`: target.chat_template_kwargs; `tools`),
+    ending in the generation prompt."""
+    renderer = ConversationTokenizer(tokenizer, template, template_kwargs=template_kwargs)
+    return renderer.prompt_ids([*(history or []), {"role": "user", "content": text}], tools)
 
 
 def _top2_gap(target, sequence: list[int], position: int) -> float:
