@@ -7,8 +7,8 @@
      in flight, all with the attention backend prepare generates with.
 Writes JSON + a markdown table. Usage:
   python scripts/bench_data.py [--target smollm2-135m-instruct] [--dtype bfloat16] [--rows 48]
-                               [--regen-batch 32] [--regen-tokens 256]
-(--regen-batch 0 measures collection only.)
+                               [--regen-batch 32] [--regen-tokens 256] [--data sharegpt]
+(--regen-batch 0 measures collection only; --data: any conversations prepare reads.)
 """
 
 from __future__ import annotations

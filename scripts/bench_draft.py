@@ -9,7 +9,7 @@ the modes (each mode on its own copy of the head):
   parts  - the layers' pre/post-attention pieces and draft_logits compiled separately.
 Compiling happens in an untimed warm-up. Writes JSON + a markdown table. Usage:
   python scripts/bench_draft.py --head runs/quick/train/head [--tree-nodes 16] [--steps 20]
-                               [--rounds 15]
+                               [--rounds 15] [--modes packed layer parts]  (eager always)
 """
 
 from __future__ import annotations
