@@ -91,6 +91,40 @@ def test_bench_train_times_every_head(tmp_path: Path) -> None:
     assert all(result[h]["tokens_per_second"] > 0 for h in ("eagle1", "eagle3", "medusa", "hydra"))
 
 
+# the scripts that run the recipes' comparisons and ablations, each a list of `draftsmith` runs
+RECIPE_SCRIPTS = (
+    "compare_heads.sh",
+    "compare_heads_quick.sh",
+    "quick_ablations.sh",
+    "quick_sweep.sh",
+    "regen_ablation.sh",
+)
+
+
+def test_recipe_scripts_compose_every_command(tmp_path: Path) -> None:
+    """Every `draftsmith` command the comparison and ablation scripts run composes, so an option
+    renamed since does not fail hours into a comparison. The commands are recorded by a shell
+    function standing in for `draftsmith`, in a copy of the scripts whose venv.sh does nothing,
+    and composed here; none runs."""
+    from draftsmith.config import compose
+
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    for name in (*RECIPE_SCRIPTS, "lane.sh"):
+        shutil.copy(SCRIPTS / name, scripts / name)
+    (scripts / "venv.sh").write_text("")
+    log = tmp_path / "commands.txt"
+    # one line per argument, an empty line after each command
+    shim = f'draftsmith() {{ printf "%s\\n" "$@" "" >> {log}; }}; export -f draftsmith'
+    for name in RECIPE_SCRIPTS:
+        command = f"{shim}; bash {scripts / name} {tmp_path / 'runs'}"
+        subprocess.run(["bash", "-c", command], check=True, capture_output=True, text=True)
+    commands = [c.split("\n") for c in log.read_text().split("\n\n") if c.strip()]
+    assert len(commands) > 40 and {c[0] for c in commands} == {"run"}
+    for stage, *overrides in commands:
+        compose([f"stage={stage}", *overrides])
+
+
 def test_oracle_node_logits_are_the_targets_after_each_path(tiny_target, monkeypatch) -> None:
     """The oracle's tree forward (cached context, tree mask, depth positions) gives every node
     the logits a plain forward over context + the node's path gives."""
