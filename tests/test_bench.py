@@ -49,7 +49,8 @@ def test_bench_oracle_reads_tau_ceilings_off_the_target(tmp_path: Path) -> None:
 
 
 def test_bench_data_times_collection_and_regeneration(tmp_path: Path) -> None:
-    """(It had called the feature extraction with a padding mask it no longer takes.)"""
+    """Collection against the plain forward and regeneration in every engine, on any
+    conversations (`--data`); it had called the feature extraction with a padding mask."""
     chats = tmp_path / "chats.jsonl"
     rows = [
         {
@@ -71,7 +72,8 @@ def test_bench_data_times_collection_and_regeneration(tmp_path: Path) -> None:
 
 
 def test_bench_draft_times_the_drafting_modes(tmp_path: Path, head_dir: Path) -> None:
-    """(Its random prompt had ids past a small vocabulary.)"""
+    """The modes asked for, and eager to compare them with; its random prompt had ids past a
+    small vocabulary."""
     args = ["--head", str(head_dir), "--target", TINY_NAME, "--dtype", "float32", "--steps", "2"]
     args += ["--rounds", "2", "--modes", "packed", "--out", str(tmp_path)]
     subprocess.run([sys.executable, str(SCRIPTS / "bench_draft.py"), *args], check=True)
