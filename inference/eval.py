@@ -50,7 +50,7 @@ from draftsmith.target import (
     target_tokenizer,
     torch_dtype,
 )
-from draftsmith.tokenize import ConversationTokenizer
+from draftsmith.tokenize import ConversationTokenizer, TemplateError
 from draftsmith.tracking import Tracker
 
 
@@ -79,27 +79,27 @@ class Setting:
 
 
 def user_turns(
-    source: str, limit: int | None = None, reply_header: str | None = None
+    source: str, limit: int | None = None, rendered: ConversationTokenizer | None = None
 ) -> tuple[list[list[str]], list[str], list[Setting], ReadReport]:
     """User turns of the first `limit` conversations of `source` (file, folder, HF dataset or
     asset name), each conversation's category ("" where the source names none) and setting,
     and the read's report: a row that is not a conversation with a user turn is skipped and
     counted there (printed by the callers, recorded in the results), never dropped unseen.
-    With `reply_header` (data.preformatted: `ConversationTokenizer.reply_header`), a `text` row
-    is a rendered conversation whose one turn is its text through the first reply header: the
-    prompt of its first reply."""
+    With `rendered` (data.preformatted: the renderer prepare reads rendered rows with), a `text`
+    row is a rendered conversation whose one turn is its text up to where its first reply starts
+    (`ConversationTokenizer.rendered_spans`, as prepare finds it): the prompt of that reply."""
     conversations, report = read_conversations(source, limit=limit)
     kept = []
     for conv in conversations:
-        if reply_header is not None and conv.rendered:
+        if rendered is not None and conv.rendered:
             text = conv.turns[0].content
-            if reply_header not in text:
-                report.skip(conv.label, f"no assistant turn: the text holds no {reply_header!r}")
+            try:
+                start = rendered.rendered_spans(text)[0][0]
+            except TemplateError as err:  # no reply to prompt for: prepare's reason
+                report.skip(conv.label, str(err))
                 continue
-            first = text[: text.index(reply_header) + len(reply_header)]
-            conv = dataclasses.replace(
-                conv, turns=[dataclasses.replace(conv.turns[0], content=first)]
-            )
+            prompt = dataclasses.replace(conv.turns[0], content=text[:start])
+            conv = dataclasses.replace(conv, turns=[prompt])
         if not conv.user_prompts():
             report.skip(conv.label, "no user turn")
             continue
@@ -112,7 +112,7 @@ def user_turns(
     for conv in conversations:
         first_user = next(i for i, t in enumerate(conv.turns) if t.role == "user")
         system = [t.to_message() for t in conv.turns[:first_user] if t.role == "system"]
-        settings.append(Setting(system, conv.tools, reply_header is not None and conv.rendered))
+        settings.append(Setting(system, conv.tools, rendered is not None and conv.rendered))
     turns = [conv.user_prompts() for conv in conversations]
     return turns, [c.category for c in conversations], settings, report
 
@@ -374,11 +374,13 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
         contenders.append(_Contender(run, head_path, decoder, draft))
     e = cfg.eval
     digest = source_digest(benchmark_source(cfg))  # before reading: as read, not as edited since
-    header = None  # data.preformatted: `text` rows are rendered conversations, prompted through it
+    # data.preformatted: `text` rows are rendered conversations, read as prepare reads them
+    renderer = None
     if cfg.data.preformatted:
         renderer = ConversationTokenizer(tokenizer, template, template_kwargs=template_kwargs)
-        header = renderer.reply_header
-    conversations, categories, settings, report = user_turns(benchmark_source(cfg), e.limit, header)
+    conversations, categories, settings, report = user_turns(
+        benchmark_source(cfg), e.limit, renderer
+    )
     if report.skipped and shard == 0:  # every worker reads the benchmark; one says so
         print(report.summary())
     if e.turns == "first":
@@ -403,7 +405,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
         return out, None
 
     def prompt_ids(text: str, history: list[dict], setting: Setting) -> list[int]:
-        if setting.rendered:  # already the template's text, through the reply header
+        if setting.rendered:  # already the template's text, up to its first reply
             return tokenizer(text, add_special_tokens=False)["input_ids"]
         return chat_prompt(tokenizer, text, history, template_kwargs, setting.tools, template)
 
