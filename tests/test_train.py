@@ -351,6 +351,11 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in RANK_ENV}
 
 
+def _shm_buffers() -> set[str]:
+    """DeepSpeed's CPU all-reduce buffers in /dev/shm (RAM held until unlinked)."""
+    return {p.name for p in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")}
+
+
 @pytest.mark.parametrize(
     "optimizer", [["deepspeed=zero2"], ["deepspeed=zero0", "train.optimizer=muon"]]
 )
@@ -365,6 +370,7 @@ def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str], monkeypat
     one, two = f"one_{tag}", f"two_{tag}"  # each its own: a finished training is kept
     launched = [f"run_name={two}", "inputs_from=t", "launcher=deepspeed", "nproc=2"]
     commands = [(["train"], [f"run_name={one}", "inputs_from=t", "train.grad_accum=2"])]
+    buffers = _shm_buffers()
     if "deepspeed=zero2" in optimizer:
         commands.append((["run", "stages=[train]"], launched))
     for command, extra in commands:
@@ -383,6 +389,7 @@ def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str], monkeypat
         for name in RANK_ENV:  # set by the in-process trainings before it
             monkeypatch.delenv(name, raising=False)
         assert launch.run(compose([*common, *launched]))["steps"] == 3
+    assert _shm_buffers() <= buffers  # the ranks' 64 MiB buffers are gone with them
     root = Path(runs_dir(run_overrides))
     ranks = {n: load_file(str(root / n / "train/head/model.safetensors")) for n in (one, two)}
     assert ranks[one].keys() == ranks[two].keys()
@@ -396,7 +403,7 @@ def test_a_ctrl_c_stops_launched_ranks_in_one_line(run_overrides, tmp_path: Path
     DeepSpeed's runner and no line from each rank."""
     import signal
 
-    log = tmp_path / "stderr.txt"
+    log, buffers = tmp_path / "stderr.txt", _shm_buffers()
     command = [sys.executable, "-m", "draftsmith.cli", "train", *run_overrides, "inputs_from=t"]
     command += ["run_name=ctrl_c", "launcher=deepspeed", "nproc=2", "train.max_steps=100000"]
     with open(log, "w") as stderr:
@@ -419,6 +426,7 @@ def test_a_ctrl_c_stops_launched_ranks_in_one_line(run_overrides, tmp_path: Path
     err = log.read_text()
     assert "Traceback" not in err, err[-3000:]
     assert err.count("draftsmith train: interrupted; its last checkpoint is kept") == 1
+    assert _shm_buffers() <= buffers  # interrupted ranks leave no buffer behind
 
 
 def test_a_launched_training_reports_where_it_stopped(
