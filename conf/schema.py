@@ -12,13 +12,14 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from draftsmith.errors import InputError
 from draftsmith.heads.formats import FORMATS
 from draftsmith.inference.tree import TreeSpec
 
 
 def _check(value: str, allowed: tuple[str, ...], key: str) -> None:
     if value not in allowed:
-        raise ValueError(f"{key}={value!r} is not one of {list(allowed)}")
+        raise InputError(f"{key}={value!r} is not one of {list(allowed)}")
 
 
 def _at_least(section: str, config: Any, least: float, *names: str) -> None:
@@ -28,14 +29,14 @@ def _at_least(section: str, config: Any, least: float, *names: str) -> None:
     for name in names:
         value = getattr(config, name)
         if value is not None and value < least:
-            raise ValueError(f"{section}.{name}={value} must be >= {least}")
+            raise InputError(f"{section}.{name}={value} must be >= {least}")
 
 
 def _fraction(key: str, value: float, below_one: bool = False) -> None:
     """Refuse a ratio outside [0, 1], or a decay (`below_one`: Adam's betas, a momentum)
     outside [0, 1)."""
     if not (0 <= value < 1 if below_one else 0 <= value <= 1):
-        raise ValueError(f"{key}={value} must be in [0, 1{')' if below_one else ']'}")
+        raise InputError(f"{key}={value} must be in [0, 1{')' if below_one else ']'}")
 
 
 @dataclass
@@ -74,7 +75,7 @@ class SamplingKeys:
         mid-stage."""
         t, p, k = self.temperature, self.top_p, self.top_k
         if t < 0 or not 0 < p <= 1 or k < 0:
-            raise ValueError(
+            raise InputError(
                 f"{group}.temperature={t} must be >= 0, {group}.top_p={p} in (0, 1]"
                 + (f" and {group}.top_k={k} >= 0" if k else "")
             )
@@ -121,10 +122,10 @@ class RegenConfig(SamplingKeys):
         _at_least("data.regen", self, 1, *names)
         _at_least("data.regen", self, 0, "rows")  # 0: none regenerated
         if self.server_timeout <= 0:
-            raise ValueError(f"data.regen.server_timeout={self.server_timeout} must be > 0")
+            raise InputError(f"data.regen.server_timeout={self.server_timeout} must be > 0")
         _check(self.engine, ("padded", "generate", "continuous", "server"), "data.regen.engine")
         if self.engine == "server" and not self.servers:
-            raise ValueError(
+            raise InputError(
                 "data.regen.engine=server needs data.regen.servers=[http://HOST:PORT/v1,...], "
                 "OpenAI-compatible servers running the target"
             )
@@ -168,12 +169,12 @@ class DataConfig:
         _at_least("data", self, 1, "limit", "preview")
         _at_least("data", self, 2, "max_len")  # a position and the token after it
         if self.heldout < 1:  # training keeps its best head by them; eval.benchmark=heldout too
-            raise ValueError(
+            raise InputError(
                 f"data.heldout={self.heldout}: training picks its best head by held-out "
                 "simulated tau, so at least 1 conversation is held out"
             )
         if self.preformatted and self.regenerate:
-            raise ValueError(
+            raise InputError(
                 "data.preformatted=true with data.regenerate=true: a rendered text row has no "
                 "user turns apart for the target to answer"
             )
@@ -282,11 +283,11 @@ class DeepSpeedConfig:
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"deepspeed.zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
+            raise InputError(f"deepspeed.zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
         for mode in ("bf16", "fp16"):
             section = self.extra.get(mode)
             if isinstance(section, dict) and section.get("enabled"):
-                raise ValueError(
+                raise InputError(
                     f"deepspeed.extra.{mode}.enabled: DeepSpeed's {mode} mode would hold the "
                     "head's weights in half precision against the target's fp32 features; "
                     "set dtype=bfloat16 instead (bf16 autocast over fp32 master weights)"
@@ -443,13 +444,13 @@ class Config:
         _check(self.tracking, ("none", "wandb", "tensorboard"), "tracking")
         _check(self.launcher, ("none", "deepspeed"), "launcher")
         if self.nproc < 1:
-            raise ValueError(f"nproc={self.nproc} must be >= 1")
+            raise InputError(f"nproc={self.nproc} must be >= 1")
         for stage in self.stages:
             _check(stage, ("prepare", "collect", "train", "eval", "export"), "stages")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise ValueError(f"device={self.device!r}: expected 'cpu' or 'cuda[:n]'")
+            raise InputError(f"device={self.device!r}: expected 'cpu' or 'cuda[:n]'")
         if self.train.optimizer == "muon" and self.deepspeed.zero_stage and self.train.grad_clip:
-            raise ValueError(
+            raise InputError(
                 f"train.optimizer=muon with deepspeed.zero_stage={self.deepspeed.zero_stage}: "
                 "ZeRO 1-3 orthogonalize Muon's update before clipping, so train.grad_clip="
                 f"{self.train.grad_clip} would clip the update itself (on the quick preset "
@@ -458,7 +459,7 @@ class Config:
             )
         # checked here, not at eval time, so `draftsmith run` refuses it before hours of training
         if self.eval.draft_vocab_size and not self.head.drafts_with_target_lm_head:
-            raise ValueError(
+            raise InputError(
                 f"eval.draft_vocab_size={self.eval.draft_vocab_size}: the {self.head.name} head "
                 "drafts over its own vocabulary (it applies to heads sharing the target's lm_head)"
             )

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from draftsmith.errors import InputError
 from draftsmith.files import write_text_atomic
 
 
@@ -91,7 +92,7 @@ ASSETS: dict[str, Asset] = {
 MODEL_DIR = "model"
 
 
-class AssetError(RuntimeError):
+class AssetError(InputError):
     """An asset is unknown, not cached, or could not be fetched."""
 
 

@@ -60,6 +60,7 @@ def run_stage(stage: str, overrides: list[str]) -> None:
     from draftsmith.allocator import reuse_freed_memory
     from draftsmith.conf import CONF_DIR
     from draftsmith.config import CONFIG_NAME, register_schemas, to_typed
+    from draftsmith.errors import InputError
 
     # every stage repeats the same big allocations (EAGLE-3 training on 512-token rows 1.5x
     # faster, collection 1.1x; see draftsmith.allocator)
@@ -69,7 +70,10 @@ def run_stage(stage: str, overrides: list[str]) -> None:
 
     @hydra.main(config_path=CONF_DIR, config_name=CONFIG_NAME, version_base="1.3")
     def app(dict_cfg) -> None:
-        fn(to_typed(dict_cfg))
+        try:
+            fn(to_typed(dict_cfg))
+        except InputError as err:  # its message says what to mend; Hydra would bury it in frames
+            raise SystemExit(f"draftsmith {stage}: {err}") from None
 
     # Hydra's argparse takes its overrides (positionals) in one run, so `a=1 -m b=1,2` would
     # leave b=1,2 unrecognised: every override goes first, stage= with them, then the flags

@@ -24,6 +24,7 @@ from draftsmith.conf.schema import (
     TargetConfig,
     TrainConfig,
 )
+from draftsmith.errors import InputError
 from draftsmith.files import write_text_atomic
 from draftsmith.heads import HEADS
 from draftsmith.inference.tree import TreeSpec
@@ -78,7 +79,7 @@ def to_typed(cfg: DictConfig) -> Config:
         raise TypeError(f"composed config is {type(typed).__name__}, expected Config")
     unknown = _unknown_keys(raw, typed, "")
     if unknown:
-        raise ValueError(f"unknown config keys (typo or missing schema field?): {unknown}")
+        raise InputError(f"unknown config keys (typo or missing schema field?): {unknown}")
     return typed
 
 

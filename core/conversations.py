@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.assets import ASSETS, AssetError, asset_path
+from draftsmith.errors import InputError, MissingInput
 from draftsmith.files import content_digest
 
 ROLE_ALIASES = {
@@ -170,7 +171,7 @@ def skipped_text(skipped: Counter, examples: list[str]) -> str:
     return f"skipped {dict(skipped)}, e.g. " + "; ".join(examples[:3])
 
 
-class RowError(ValueError):
+class RowError(InputError):
     """A row that cannot become a conversation; the message is the reason."""
 
 
@@ -396,7 +397,7 @@ def _iter_json_array(text: str, path: Path, report: ReadReport):
             record, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as err:
             if text.rstrip().endswith("]"):  # the array is complete: this record is malformed
-                raise ValueError(
+                raise InputError(
                     f"{path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}"
                 ) from None
             report.truncated_bytes = len(text[pos:].encode("utf-8"))
@@ -431,7 +432,7 @@ def _iter_records(path: Path, report: ReadReport) -> Iterator[tuple[str, Any]]:
         yield from _numbered(_iter_dataset(_BUILDERS[path.suffix], data_files=str(path)))
         return
     if not path.name.endswith(_JSON_SUFFIXES):
-        raise ValueError(
+        raise InputError(
             f"{path}: unsupported file type; conversations are read from "
             f"{', '.join(_JSON_SUFFIXES + tuple(_BUILDERS))} files or a dataset folder"
         )
@@ -445,7 +446,7 @@ def _iter_records(path: Path, report: ReadReport) -> Iterator[tuple[str, Any]]:
                 return
             text = f.read()
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise InputError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     if text.lstrip().startswith("["):
         yield from _numbered(_iter_json_array(text, path, report))
         return
@@ -453,7 +454,7 @@ def _iter_records(path: Path, report: ReadReport) -> Iterator[tuple[str, Any]]:
         record = json.loads(text)
     except json.JSONDecodeError as err:
         if err.msg != "Extra data":
-            raise ValueError(
+            raise InputError(
                 f"{path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}"
             ) from None
         # one value per line: JSON Lines under a .json name (many hub datasets' files are)
@@ -497,13 +498,13 @@ def _iter_dataset(source: str, data_files: str | None = None, split: str | None 
         ds = datasets.load_dataset(source)
     if isinstance(ds, datasets.DatasetDict):
         if split is not None and split not in ds:
-            raise ValueError(f"{source}: data.split={split}: no such split (it has {list(ds)})")
+            raise InputError(f"{source}: data.split={split}: no such split (it has {list(ds)})")
         name = split or ("train" if "train" in ds else next(iter(ds)))
         if len(ds) > 1:
             print(f"{source}: reading split {name!r} of {list(ds)} (data.split picks another)")
         ds = ds[name]
     elif split is not None:
-        raise ValueError(f"{source}: data.split={split}: a dataset of one split has no other")
+        raise InputError(f"{source}: data.split={split}: a dataset of one split has no other")
     yield from ds
 
 
@@ -536,7 +537,7 @@ def read_conversations(
     # a file's name or a path, not a hub id: missing, it is no dataset to look for on the hub
     local = source.startswith(("/", "./", "../", "~")) or source.endswith(_SUFFIXES)
     if local and not path.exists():
-        raise FileNotFoundError(f"{source}: no such file or folder")
+        raise MissingInput(f"{source}: no such file or folder")
     report = ReadReport(source=str(source))
     files = (
         sorted(
@@ -548,7 +549,7 @@ def read_conversations(
     has_json = any(p.name.endswith(_JSON_SUFFIXES) for p in files)
     loose = path.is_file() or (has_json and not any((path / f).exists() for f in _DATASET_MARKERS))
     if split is not None and loose:
-        raise ValueError(f"data.split={split}: {source} is files, which have no splits")
+        raise InputError(f"data.split={split}: {source} is files, which have no splits")
     # (where a skipped row is, record)
     if path.is_file():
         located = _iter_records(path, report)

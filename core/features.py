@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from draftsmith.errors import InputError
+
 LAYER_CONVENTION = "input_of_layer"  # recorded in shard indexes and head configs
 
 
@@ -43,7 +45,7 @@ def _part(model: nn.Module, paths: tuple[str, ...], what: str) -> nn.Module:
             return inner.get_submodule(path)
         except AttributeError:  # not there (or None, as OPT's norm in post-norm checkpoints)
             continue
-    raise ValueError(
+    raise InputError(
         f"{type(model).__name__}: no {what} at any of {[f'base_model.{p}' for p in paths]}; "
         "unsupported architecture"
     )
@@ -68,7 +70,7 @@ class FeatureCapture:
         n = len(self.layers)
         bad = [k for k in aux_layers if not 1 <= k <= n]
         if bad:
-            raise ValueError(f"aux layer ids {bad} out of range 1..{n} ({LAYER_CONVENTION})")
+            raise InputError(f"aux layer ids {bad} out of range 1..{n} ({LAYER_CONVENTION})")
         self.aux_layers = list(aux_layers)
         self._outputs: dict[int, torch.Tensor] = {}
         self._handles: list = []

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from draftsmith.conf.schema import Config
+from draftsmith.errors import InputError
 from draftsmith.files import write_text_atomic
 from draftsmith.heads.formats import SUPPORTED
 from draftsmith.provenance import check_unchanged, export_dir, upstream
@@ -102,7 +103,7 @@ def run(cfg: Config) -> dict:
     # an export the head has no format for would fail only after hours of training
     supported = SUPPORTED[cfg.head.name]
     if "export" in cfg.stages and cfg.export.format not in supported:
-        raise ValueError(
+        raise InputError(
             f"format={cfg.export.format} does not serve {cfg.head.name} heads (they export to "
             f"{', '.join(supported)}): pass format=<one of them>, or leave export out of stages"
         )

@@ -32,6 +32,7 @@ from typing import Any
 
 from draftsmith.conf.schema import Config
 from draftsmith.conversations import source_digest
+from draftsmith.errors import InputError
 from draftsmith.files import write_text_atomic
 from draftsmith.target import chat_template_digest
 
@@ -157,7 +158,7 @@ def check_unchanged(cfg: Config, stage: str, now: dict[str, Any] | None = None) 
     if changes := differences(_recorded(folder, stage), now):
         # another head or budget on the same data needs no new preparation or collection
         reuse = f" (inputs_from={cfg.run_name} reuses its data and features)" * (stage == "train")
-        raise ValueError(
+        raise InputError(
             f"{folder} was made with other settings ({'; '.join(changes)}), so it is not this "
             f"invocation's {stage} output: go back to its settings, pick another run_name"
             f"{reuse}, or delete {folder} to make it again"

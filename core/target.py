@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftsmith.assets import ASSETS, AssetError, asset_path
+from draftsmith.errors import InputError, MissingInput
 from draftsmith.tiny import TINY_NAME, tiny_target_path
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def check_device(device: str) -> None:
         return
     index = int(device.partition(":")[2] or 0)
     if index >= torch.cuda.device_count():  # 0 on a CPU build or without a visible GPU
-        raise RuntimeError(
+        raise InputError(
             f"device={device}: torch {torch.__version__} sees {torch.cuda.device_count()} CUDA "
             "devices (a CPU build, or none visible); pass device=cpu"
         )
@@ -58,7 +59,7 @@ def cache_kwarg(model: torch.nn.Module) -> str:
 
 def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}")
+        raise InputError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}")
     return DTYPES[name]
 
 
@@ -162,7 +163,7 @@ def chat_template_text(value: str) -> str:
         return value
     path = Path(value).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"target.chat_template={value!r}: no such file (give a Jinja template file, such as "
             "a model's chat_template.jinja, or the template's text)"
         )

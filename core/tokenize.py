@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 from draftsmith.conversations import Conversation, fold_reasoning, split_reasoning
+from draftsmith.errors import InputError
 
 PLAIN_ROLES = {"system": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
 # stands in for an empty reply's text, to find where the template writes a reply
@@ -35,7 +36,7 @@ PROBE_REASONING = "draftsmith probe reasoning"
 THINKING_FIELD = re.compile(r"""\.thinking\b|\[['"]thinking['"]\]|['"]thinking['"] in\b""")
 
 
-class TemplateError(ValueError):
+class TemplateError(InputError):
     """The template cannot render this conversation; the message is the skip reason."""
 
 
@@ -80,7 +81,7 @@ class ConversationTokenizer:
         preformatted: bool = False,
     ) -> None:
         if template == "auto" and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
+            raise InputError(
                 f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
                 "pass data.template=plain to use 'Role: text' rendering instead"
             )

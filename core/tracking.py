@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from draftsmith.errors import InputError
 from draftsmith.files import write_text_atomic
 
 
@@ -33,7 +34,7 @@ def check_wandb() -> None:
     try:
         wandb.login(verify=False)  # reads the key (env, netrc, settings); no network
     except wandb.errors.UsageError as err:
-        raise ValueError(
+        raise InputError(
             f"tracking=wandb logs online, but W&B says: {err} Run `wandb login` (or set "
             "WANDB_API_KEY), set WANDB_MODE=offline to keep the run files here, or use "
             "tracking=none|tensorboard"

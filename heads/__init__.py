@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from draftsmith.errors import InputError, MissingInput
 from draftsmith.heads.base import (
     DraftHead,
     HeadBatch,
@@ -31,7 +32,7 @@ def build_head(config: HeadConfig | dict, target: TargetInfo) -> DraftHead:
     """Build a head from its config (dataclass or plain dict with a `name`) and the target info."""
     name = config["name"] if isinstance(config, dict) else config.name
     if name not in HEADS:
-        raise ValueError(f"unknown head {name!r}; known: {sorted(HEADS)}")
+        raise InputError(f"unknown head {name!r}; known: {sorted(HEADS)}")
     config_class, head_class = HEADS[name]
     if isinstance(config, dict):
         config = config_class(**config)
@@ -52,7 +53,7 @@ def head_folder(name_or_path: str | Path) -> Path:
     how = "train one with `draftsmith train`, or pass head_path=<folder or hub id>"
     text = str(name_or_path)
     if local_only(text) or "/" not in text:  # heads are published as owner/name
-        raise FileNotFoundError(f"{name_or_path}: no such head folder ({how})")
+        raise MissingInput(f"{name_or_path}: no such head folder ({how})")
 
     try:
         # offline, the cached snapshot of the repo's main branch is used
@@ -60,7 +61,7 @@ def head_folder(name_or_path: str | Path) -> Path:
             text, allow_patterns=["config.json", *SAFETENSORS_FILES, *PICKLE_FILES]
         )
     except Exception as err:  # no such repo, no network and no cached copy, a malformed id
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{name_or_path}: no such head folder, and no hub head of that id could be fetched "
             f"({how}; {type(err).__name__}: {err})"
         ) from None
@@ -85,7 +86,7 @@ def load_head(folder: str | Path, target: TargetInfo | None = None) -> DraftHead
         head = build_head({**data["head_config"], "name": data["draftsmith_head"]}, built_for)
         return load_weights(head, folder)
     if target is None:
-        raise ValueError(f"{folder}: a foreign head folder needs the target's TargetInfo to import")
+        raise InputError(f"{folder}: a foreign head folder needs the target's TargetInfo to import")
     return import_head(folder, target)
 
 

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from draftsmith.errors import InputError, MissingInput
 from draftsmith.features import FeatureCapture, final_norm
 from draftsmith.files import staged_dir
 
@@ -84,7 +85,7 @@ class TargetInfo:
         }
         if diff:
             detail = ", ".join(f"{k}: head has {a}, target has {b}" for k, (a, b) in diff.items())
-            raise ValueError(f"{what} was built for another target ({detail})")
+            raise InputError(f"{what} was built for another target ({detail})")
 
 
 # glibc serves every block above 32 MB (the cap of its mmap threshold) with a fresh mmap, so each
@@ -162,7 +163,7 @@ class TargetParts:
             known = f"lm_head(final norm(last layer)) x {self.logit_scale:g}" + (
                 f", softcapped at {self.softcap:g}" if self.softcap is not None else ""
             )
-            raise ValueError(
+            raise InputError(
                 f"{type(model).__name__}: its logits are not {known} (max gap {gap:.3g}); "
                 "draftsmith does not know how this architecture turns its last hidden state "
                 "into logits"
@@ -371,10 +372,10 @@ class DraftHead(nn.Module, ABC):
 def read_head_config(folder: str | Path) -> dict[str, Any]:
     path = Path(folder) / CONFIG_FILE
     if not path.exists():
-        raise FileNotFoundError(f"{path}: not a draftsmith head folder (no {CONFIG_FILE})")
+        raise MissingInput(f"{path}: not a draftsmith head folder (no {CONFIG_FILE})")
     data = json.loads(path.read_text())
     if "draftsmith_head" not in data:
-        raise ValueError(
+        raise InputError(
             f"{path}: no 'draftsmith_head' key: not a draftsmith head folder "
             "(official EAGLE/Medusa/speculators folders are read by the importers)"
         )
@@ -385,7 +386,7 @@ def load_weights(head: DraftHead, folder: str | Path) -> DraftHead:
     state = load_file(str(Path(folder) / WEIGHTS_FILE))
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(
+        raise InputError(
             f"{folder}: weights do not fit the {head.name} head: "
             f"missing {missing}, unexpected {unexpected}"
         )

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.errors import InputError
 from draftsmith.heads.autoregressive import AutoregressiveHead
 from draftsmith.heads.base import HeadBatch, HeadConfig, TargetInfo, distill_selected, shifted
 from draftsmith.heads.blocks import DraftDecoderLayer
@@ -41,7 +42,7 @@ class Eagle1Config(HeadConfig):
 
     def __post_init__(self) -> None:
         if self.num_layers < 1 or self.ttt_steps < 1:
-            raise ValueError(
+            raise InputError(
                 f"head.num_layers={self.num_layers} and head.ttt_steps={self.ttt_steps} "
                 "must be >= 1"
             )

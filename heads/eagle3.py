@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.errors import InputError
 from draftsmith.heads.autoregressive import AutoregressiveHead
 from draftsmith.heads.base import HeadBatch, HeadConfig, TargetInfo, rows_per_block
 from draftsmith.heads.blocks import DraftDecoderLayer, LlamaRMSNorm
@@ -32,7 +33,7 @@ def check_aux_layers(layers: list[int], num_layers: int) -> None:
     """Refuse layer ids outside 1..num_layers (the target's layers, in our convention)."""
     bad = [k for k in layers if not 1 <= k <= num_layers]
     if bad:
-        raise ValueError(f"aux_layers {bad} out of range 1..{num_layers}")
+        raise InputError(f"aux_layers {bad} out of range 1..{num_layers}")
 
 
 @dataclass
@@ -51,9 +52,9 @@ class Eagle3Config(HeadConfig):
 
     def __post_init__(self) -> None:
         if self.ttt_steps < 1:
-            raise ValueError(f"head.ttt_steps={self.ttt_steps} must be >= 1")
+            raise InputError(f"head.ttt_steps={self.ttt_steps} must be >= 1")
         if self.draft_vocab_size < 0:  # (a negative size drafted over every token, silently)
-            raise ValueError(f"head.draft_vocab_size={self.draft_vocab_size} must be >= 0")
+            raise InputError(f"head.draft_vocab_size={self.draft_vocab_size} must be >= 0")
 
 
 class Eagle3Head(AutoregressiveHead):
@@ -100,7 +101,7 @@ class Eagle3Head(AutoregressiveHead):
 
     def feature_input(self, hidden: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
         if aux is None:
-            raise ValueError("the eagle3 head needs aux features (collect with the eagle3 layers)")
+            raise InputError("the eagle3 head needs aux features (collect with the eagle3 layers)")
         return self.fc(aux)
 
     def draft_logits(self, hidden_out: torch.Tensor) -> torch.Tensor:

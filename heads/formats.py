@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from draftsmith.errors import InputError
 from draftsmith.files import staged_dir
 from draftsmith.heads.base import DraftHead, TargetInfo
 from draftsmith.heads.eagle3 import default_aux_layers
@@ -33,7 +34,7 @@ SUPPORTED = {
 }
 
 
-class FormatError(ValueError):
+class FormatError(InputError):
     """An export or import that would not load correctly; the message says why."""
 
 
@@ -228,7 +229,7 @@ def export_head(
     """Validate, then write the `fmt` folder atomically (a temp folder renamed into place)."""
     out = Path(out)
     if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; pass export.overwrite=true to replace it")
+        raise InputError(f"{out} exists; pass export.overwrite=true to replace it")
     if fmt == "native":
         config = head.config_dict()
     elif head.name == "eagle3":

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.errors import InputError
 from draftsmith.heads.base import TargetInfo
 from draftsmith.heads.blocks import DraftDecoderLayer, KVCache, ResBlock
 from draftsmith.heads.eagle3 import check_aux_layers
@@ -73,7 +74,7 @@ class HydraHead(MedusaHead):
         if not self.config.aux_layers:
             return feature
         if aux is None:
-            raise ValueError(
+            raise InputError(
                 f"this hydra head fuses target layers {self.config.aux_layers}: it needs their "
                 "features (collect with the same aux_layers)"
             )

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from draftsmith.errors import InputError
 from draftsmith.heads.base import (
     DepthLosses,
     DraftHead,
@@ -52,14 +53,14 @@ class MedusaConfig(HeadConfig):
 
     def __post_init__(self) -> None:
         if self.num_heads < 1 or self.num_layers < 1:
-            raise ValueError(
+            raise InputError(
                 f"head.num_heads={self.num_heads} and head.num_layers={self.num_layers} "
                 "must be >= 1"
             )
         if self.draft_vocab_size < 0:
-            raise ValueError(f"head.draft_vocab_size={self.draft_vocab_size} must be >= 0")
+            raise InputError(f"head.draft_vocab_size={self.draft_vocab_size} must be >= 0")
         if self.draft_vocab_size and self.own_lm_head:
-            raise ValueError(
+            raise InputError(
                 "draft_vocab_size cuts the shared target lm_head: it needs own_lm_head=false"
             )
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.errors import InputError, MissingInput
+
 
 def frequent_tokens(counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
     """Token counts [V] -> the `draft_vocab_size` most frequent token ids [Vd], ascending.
@@ -19,7 +21,7 @@ def frequent_tokens(counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor
     """
     vocab_size = counts.numel()
     if not 0 < draft_vocab_size <= vocab_size:
-        raise ValueError(f"draft_vocab_size={draft_vocab_size} must be in 1..{vocab_size}")
+        raise InputError(f"draft_vocab_size={draft_vocab_size} must be in 1..{vocab_size}")
     # stable sort on -count keeps lower ids first among equal counts
     order = torch.sort(-counts.to(torch.float64), stable=True).indices
     return torch.sort(order[:draft_vocab_size]).values
@@ -49,7 +51,7 @@ def answer_token_counts(prepared: str | Path, vocab_size: int) -> torch.Tensor:
 
     folder = Path(prepared) / "dataset"
     if not folder.exists():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{folder}: the draft vocabulary is built from prepared data; run `draftsmith prepare` "
             "first"
         )

@@ -26,6 +26,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from draftsmith.errors import InputError
+
 BACKENDS = {"sdpa": "draftsmith_sdpa", "flex": "draftsmith_flex", "flash": "draftsmith_flash"}
 
 
@@ -110,7 +112,7 @@ def sdpa_tree_attention(module, query, key, value, attention_mask, scaling=None,
 
 def flash_tree_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
     if not query.is_cuda:
-        raise RuntimeError("tree.attention=flash needs CUDA tensors; use sdpa or flex on CPU")
+        raise InputError("tree.attention=flash needs CUDA tensors; use sdpa or flex on CPU")
     groups = query.shape[1] // key.shape[1]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     key, value = _expand_kv(key, groups), _expand_kv(value, groups)
@@ -205,7 +207,7 @@ def attention_windows(config) -> dict[str, int | None]:
     windows: dict[str, int | None] = {}
     for layer_type, layer_kwargs in zip(types, kwargs):
         if layer_type not in ("full_attention", "sliding_attention"):
-            raise ValueError(
+            raise InputError(
                 f"{type(config).__name__}: layer type {layer_type!r} is not supported by tree "
                 "verification (full and sliding-window attention layers are)"
             )
@@ -235,12 +237,12 @@ def tree_backend(backend: str) -> str:
     """The transformers attention name of tree backend `backend` (sdpa | flex | flash); an
     unavailable one is an error."""
     if backend not in BACKENDS:
-        raise ValueError(f"tree.attention={backend!r}: expected one of {sorted(BACKENDS)}")
+        raise InputError(f"tree.attention={backend!r}: expected one of {sorted(BACKENDS)}")
     if backend == "flash":
         try:
             import flash_attn  # noqa: F401
         except ImportError as err:
-            raise RuntimeError(
+            raise InputError(
                 "tree.attention=flash needs the flash-attn package (pip install 'draftsmith[gpu]') "
                 "and a CUDA device; use tree.attention=sdpa on CPU"
             ) from err
@@ -256,14 +258,14 @@ def tree_implementation(model: torch.nn.Module, backend: str) -> str:
     if backend == "flash" and any(attention_windows(model.config).values()):
         # flash-attn reads the whole prefix unmasked, which a window cuts once the context
         # outgrows it
-        raise ValueError(
+        raise InputError(
             "tree.attention=flash does not support sliding-window layers; use sdpa or flex"
         )
     name = tree_backend(backend)
     if model.config._attn_implementation != "eager":
         return name
     if backend != "sdpa":
-        raise ValueError(
+        raise InputError(
             f"{type(model).__name__} runs eager attention, which verifies trees with the additive "
             f"mask of tree.attention=sdpa; tree.attention={backend} cannot apply to it"
         )

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from draftsmith.errors import InputError
 from draftsmith.features import FeatureCapture
 from draftsmith.heads import DraftHead
 from draftsmith.inference.attention import (
@@ -170,18 +171,18 @@ class SpecDecoder:
     ) -> tuple[list[int], DecodeStats]:
         """Decode one prompt; `on_tokens` streams each committed chunk."""
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+            raise InputError(f"max_new_tokens={max_new_tokens} must be >= 1")
         sampling = sampling or Sampling()
         draws = self.draws(sampling, generator)
         if self.costs is not None and draws.sampled:
-            raise ValueError(
+            raise InputError(
                 "tree.adaptive=true sizes each tree by the scores of all its nodes, which with "
                 "drawn children depend on what was drawn (recursive rejection sampling would no "
                 "longer be exact); at temperature > 0 set tree.sample_drafts=false (top-k "
                 "children) or tree.adaptive=false"
             )
         if self.spec.verify == "traversal" and self.spec.kind == "dynamic" and draws.sampled:
-            raise ValueError(
+            raise InputError(
                 "tree.verify=traversal decides whole subtrees, and a dynamic tree keeps drawn "
                 "children by scores that compete across siblings, so a subtree's shape would "
                 "depend on its later siblings' draws (no longer exact); use tree=static or "

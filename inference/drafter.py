@@ -20,6 +20,7 @@ import copy
 
 import torch
 
+from draftsmith.errors import InputError
 from draftsmith.heads import DraftHead
 from draftsmith.heads.autoregressive import AutoregressiveHead
 from draftsmith.inference.tree import Tree
@@ -31,7 +32,7 @@ def drafting_view(head: DraftHead, vocab: torch.Tensor | None) -> DraftHead:
     if vocab is None:
         return head
     if not head.drafts_with_target_lm_head:
-        raise ValueError(
+        raise InputError(
             f"the {head.name} head drafts over its own vocabulary; a reduced draft vocabulary "
             "applies to heads that draft through the target's lm_head (eagle1, medusa, hydra)"
         )

@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from draftsmith.conf.schema import Config, EvalConfig
 from draftsmith.conversations import ReadReport, read_conversations, source_digest
+from draftsmith.errors import InputError, MissingInput
 from draftsmith.heads import DraftHead, TargetInfo, TargetParts, load_head
 from draftsmith.heads.vocab import answer_token_counts, frequent_tokens
 from draftsmith.inference.decoder import STEP_PARTS, DecodeStats, SpecDecoder
@@ -60,7 +61,7 @@ def benchmark_source(cfg: Config) -> str:
     if source == "heldout":
         source = f"{cfg.input_dir('prepare')}/heldout.jsonl"
         if not Path(source).exists():
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"{source}: run `draftsmith prepare run_name={cfg.inputs_from or cfg.run_name}` "
                 "first (it writes the held-out conversations)"
             )
@@ -107,7 +108,7 @@ def user_turns(
     conversations = kept
     report.rows_kept = len(conversations)
     if not conversations:
-        raise ValueError(f"benchmark {source!r} has no usable prompts ({report.summary()})")
+        raise InputError(f"benchmark {source!r} has no usable prompts ({report.summary()})")
     settings = []
     for conv in conversations:
         first_user = next(i for i, t in enumerate(conv.turns) if t.role == "user")
@@ -346,7 +347,7 @@ def _worker(cfg: Config, shard: int) -> dict:
 def _decode(cfg: Config, shard: int = 0) -> _Pass:
     """Decode conversations shard, shard + workers, ... with every method."""
     if len({cfg.run_name, *cfg.eval.heads}) != 1 + len(cfg.eval.heads):
-        raise ValueError(f"eval.heads={cfg.eval.heads}: repeats a run (this run is {cfg.run_name})")
+        raise InputError(f"eval.heads={cfg.eval.heads}: repeats a run (this run is {cfg.run_name})")
     tokenizer = target_tokenizer(cfg.target)
     template_kwargs = cfg.target.chat_template_kwargs
     template = cfg.data.template  # as prepare rendered the head's data
@@ -367,7 +368,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
         done = results_dir(cfg, run, decoder.spec, draft) / "results.json"
         if run != cfg.run_name and done.exists():
             # another run's results are an earlier measurement the user did not ask to redo
-            raise FileExistsError(
+            raise InputError(
                 f"{done} already holds an eval of {run}'s head under this tag; eval.heads would "
                 "overwrite it: give this eval another eval.tag (or delete that folder)"
             )

@@ -31,6 +31,7 @@ from transformers import TextStreamer
 
 from draftsmith.conf.schema import Config
 from draftsmith.conversations import RowError, parse_tools
+from draftsmith.errors import InputError, MissingInput
 from draftsmith.inference.decoder import DecodeStats, SpecDecoder
 from draftsmith.inference.eval import (
     chat_prompt,
@@ -70,12 +71,12 @@ def read_tools(value: str) -> list[dict] | None:
     if not value.lstrip().startswith(("[", "{")):
         path = Path(value).expanduser()
         if not path.is_file():
-            raise FileNotFoundError(f"generate.tools={value!r}: no such file (or JSON text)")
+            raise MissingInput(f"generate.tools={value!r}: no such file (or JSON text)")
         text = path.read_text()
     try:
         return parse_tools(text)
     except RowError as error:
-        raise ValueError(f"generate.tools={value!r}: {error} (a JSON file or text)") from None
+        raise InputError(f"generate.tools={value!r}: {error} (a JSON file or text)") from None
 
 
 def run(cfg: Config, out: TextIO | None = None) -> dict:
@@ -85,7 +86,7 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     g = cfg.generate
     text = sys.stdin.read().strip() if g.prompt == "-" else g.prompt
     if not text.strip():
-        raise ValueError(
+        raise InputError(
             'generate.prompt is empty: pass generate.prompt="your message" (quoted again '
             "for Hydra if it holds a comma), or generate.prompt=- to read it from stdin"
         )
@@ -104,7 +105,7 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
     prompt = chat_prompt(tokenizer, text, system, kwargs, tools, template)
     # a template that leaves the tools out would have the target answer without them, silently
     if tools and prompt == chat_prompt(tokenizer, text, system, kwargs, None, template):
-        raise ValueError(
+        raise InputError(
             f"generate.tools={g.tools!r}: the chat template does not render tools "
             "(target.chat_template=<file> can give one that does)"
         )

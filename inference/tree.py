@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from draftsmith.errors import InputError
+
 if TYPE_CHECKING:
     from draftsmith.inference.costs import AdaptiveCut
 
@@ -171,21 +173,21 @@ class TreeSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in ("dynamic", "static", "chain"):
-            raise ValueError(f"tree.kind={self.kind!r}: expected dynamic, static or chain")
+            raise InputError(f"tree.kind={self.kind!r}: expected dynamic, static or chain")
         if self.verify not in ("token", "traversal"):
-            raise ValueError(f"tree.verify={self.verify!r}: expected token or traversal")
+            raise InputError(f"tree.verify={self.verify!r}: expected token or traversal")
         if self.attention not in ("sdpa", "flex", "flash"):
-            raise ValueError(f"tree.attention={self.attention!r}: expected sdpa, flex or flash")
+            raise InputError(f"tree.attention={self.attention!r}: expected sdpa, flex or flash")
         for name, least in (("depth", 1), ("top_k", 1), ("total_tokens", 2)):  # 2: root + a draft
             if getattr(self, name) < least:
-                raise ValueError(f"tree.{name}={getattr(self, name)}: expected >= {least}")
+                raise InputError(f"tree.{name}={getattr(self, name)}: expected >= {least}")
         if self.adaptive and self.kind != "dynamic":
-            raise ValueError(
+            raise InputError(
                 f"tree.adaptive=true sizes dynamic trees (their nodes carry draft scores); "
                 f"tree.kind={self.kind!r}"
             )
         if self.lookup < 0 or (self.kind == "dynamic" and self.lookup >= self.total_tokens - 1):
-            raise ValueError(
+            raise InputError(
                 f"tree.lookup={self.lookup}: expected >= 0, and for a dynamic tree fewer than "
                 f"total_tokens - 1 = {self.total_tokens - 1} (the head keeps the other nodes)"
             )
@@ -203,7 +205,7 @@ class TreeSpec:
         autoregressive head, which drafts any depth)."""
         if heads is not None and self.drafted_depth > heads:
             which = "tree.choices" if self.kind == "static" and self.choices else "tree.depth"
-            raise ValueError(
+            raise InputError(
                 f"{which}: the tree drafts {self.drafted_depth} tokens deep, but the {head} head "
                 f"has {heads} heads (head.num_heads), one per depth: pass a tree at most {heads} "
                 f"deep (tree.depth={heads}) or train a head with more"
@@ -373,7 +375,7 @@ class StaticTree:
         paths = sorted({tuple(c) for c in self.choices}, key=lambda p: (len(p), p))
         missing = [p for p in paths if len(p) > 1 and p[:-1] not in set(paths)]
         if missing or any(len(p) == 0 or min(p) < 0 for p in paths):
-            raise ValueError(
+            raise InputError(
                 f"tree choices must be non-empty rank paths closed under prefixes; "
                 f"missing parents for {missing}"
             )
@@ -400,7 +402,7 @@ class StaticTree:
     def build(self, expander: Expander, root_token: int, draws: Draws | None = None) -> Tree:
         draws = draws or Draws()
         if draws.sampled and not self.rank_prefixes:
-            raise ValueError(
+            raise InputError(
                 "sampled drafts need every node's children to be its first ranks (0, 1, ...), "
                 "as a draw left out would change the law of the draws after it; fix "
                 "tree.choices or set tree.sample_drafts=false"

@@ -194,6 +194,28 @@ def test_an_interrupted_command_says_what_it_kept(
     assert "nothing partial was written" in capsys.readouterr().err
 
 
+def test_an_input_error_is_its_message_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A setting the user can mend ends in its message, named by the command (status 1), not
+    below a traceback; any other failure, a bug, keeps its traceback."""
+    from draftsmith import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["train", "target=tiny-random-llama", "train.keep_last=0"])
+    assert stop.value.code == "draftsmith train: train.keep_last=0 must be >= 1"
+    assert "Traceback" not in capsys.readouterr().err
+
+    def bug(_cfg: dict) -> None:
+        return [][0]
+
+    monkeypatch.setattr(cli, "_load", lambda name: bug)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["eval", "target=tiny-random-llama"])
+    assert stop.value.code == 1
+    assert re.search(r"Traceback.*IndexError", capsys.readouterr().err, re.S)
+
+
 def test_cli_prints_the_config(capsys: pytest.CaptureFixture[str]) -> None:
     """`draftsmith <stage> <overrides> --cfg job` prints the composed config and runs nothing."""
     from draftsmith.cli import main

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from draftsmith.errors import InputError
 from draftsmith.heads import TargetInfo, TargetParts, build_head, load_head
 from draftsmith.heads.formats import (
     SUPPORTED,
@@ -295,7 +296,7 @@ def test_official_layout_fixtures_import_and_draft(info, tiny_target, tmp_path: 
 def test_refusals(info, tiny_target, tmp_path: Path, make_tiny) -> None:
     head = trained_like("eagle3", info, tiny_target)
     export_head(head, "sglang", tmp_path / "out")
-    with pytest.raises(FileExistsError, match="exists; pass export.overwrite=true"):
+    with pytest.raises(InputError, match="exists; pass export.overwrite=true"):
         export_head(head, "sglang", tmp_path / "out")
     export_head(head, "sglang", tmp_path / "out", overwrite=True)
     with pytest.raises(FormatError, match="does not exist for hydra"):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from draftsmith.config import compose
+from draftsmith.errors import InputError
 from draftsmith.pipeline import _markdown, run
 from draftsmith.provenance import record
 
@@ -146,7 +147,7 @@ def test_run_end_to_end_then_skips(
     assert mine["mismatch"]["checked"] and theirs["mismatch"]["prompts"] == 0
     # the same eval again would overwrite the Medusa run's results: refused before decoding
     kept = found[0].read_bytes()
-    with pytest.raises(FileExistsError, match=f"{re.escape(str(found[0]))} already holds"):
+    with pytest.raises(InputError, match=f"{re.escape(str(found[0]))} already holds"):
         evaluate.run(compose([*overrides, "eval.heads=[tiny_medusa]", "tracking=none"]))
     assert found[0].read_bytes() == kept
     other = run(compose(medusa))
@@ -407,8 +408,9 @@ def test_online_wandb_without_credentials_is_refused_before_anything_runs(
     done = subprocess.run(
         [sys.executable, "-m", "draftsmith.cli", *command], capture_output=True, text=True
     )
-    assert done.returncode != 0
+    assert done.returncode == 1
     assert re.search("tracking=wandb logs online.*WANDB_MODE=offline", done.stderr)
+    assert "Traceback" not in done.stderr  # the message alone
     assert not (runs / "tiny" / "prepare").exists()  # (Hydra's own .hydra/ files are there)
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from draftsmith.errors import InputError
 from draftsmith.heads import TargetInfo, TargetParts, build_head
 from draftsmith.inference.decoder import SpecDecoder, TreeSpec
 from draftsmith.inference.tree import Tree
@@ -279,7 +280,7 @@ def test_an_empty_budget_is_refused(tiny_target) -> None:
 
 
 def test_flash_backend_refuses_cleanly_without_cuda(tiny_target) -> None:
-    with pytest.raises(RuntimeError, match="flash"):
+    with pytest.raises(InputError, match="flash"):
         SpecDecoder(tiny_target, untrained("eagle3", tiny_target), TreeSpec(attention="flash"))
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from draftsmith.assets import AssetError
+from draftsmith.errors import InputError
 from draftsmith.features import FeatureCapture
 from draftsmith.target import compile_target, load_target, load_tokenizer
 from draftsmith.tiny import TINY_NAME
@@ -90,11 +91,9 @@ def test_uncached_asset_names_the_command(tmp_path: Path, monkeypatch: pytest.Mo
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine reaches device=cuda")
 def test_an_unreachable_cuda_device_names_the_setting() -> None:
-    with pytest.raises(
-        RuntimeError, match=r"device=cuda: torch .* sees 0 CUDA devices.*device=cpu"
-    ):
+    with pytest.raises(InputError, match=r"device=cuda: torch .* sees 0 CUDA devices.*device=cpu"):
         load_target("tiny-random-llama", device="cuda")
-    with pytest.raises(RuntimeError, match=r"device=cuda:0: torch .* sees 0 CUDA devices"):
+    with pytest.raises(InputError, match=r"device=cuda:0: torch .* sees 0 CUDA devices"):
         init_distributed("cuda")  # training's first step, before any target loads
 
 

@@ -2,9 +2,11 @@
 and torchrun launches (every rank runs the same Hydra app; only rank 0 writes shared files).
 `--config=<yaml>` instead of overrides: the config `launcher=deepspeed` saved for its ranks."""
 
+import os
 import sys
 
 from draftsmith.cli import interrupted, run_stage
+from draftsmith.errors import InputError
 
 
 def main(args: list[str]) -> None:
@@ -29,3 +31,5 @@ if __name__ == "__main__":
         # ranks `draftsmith train launcher=deepspeed` started (its saved config) leave saying
         # what was kept to that one process
         sys.exit(130 if any(a.startswith("--config=") for a in args) else interrupted("train"))
+    except InputError as err:  # (launched ranks; run_stage ends other runs in the message too)
+        sys.exit(f"draftsmith train (rank {os.environ.get('RANK', '0')}): {err}")

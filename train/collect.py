@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from draftsmith.assets import sha256_file
 from draftsmith.conf.schema import Config
+from draftsmith.errors import InputError, MissingInput
 from draftsmith.features import LAYER_CONVENTION, extract_features
 from draftsmith.files import write_text_atomic
 from draftsmith.heads import TargetInfo, TargetParts
@@ -112,15 +113,13 @@ def _write_index(out: Path, index: dict) -> None:
 def verify_shards(out: Path) -> int:
     """Re-hash every shard against the index; raise naming the first bad file."""
     if not (out / INDEX).exists():
-        raise FileNotFoundError(
-            f"{out / INDEX}: nothing collected to verify (run `draftsmith collect`)"
-        )
+        raise MissingInput(f"{out / INDEX}: nothing collected to verify (run `draftsmith collect`)")
     index = json.loads((out / INDEX).read_text())
     shards = [shard for split in index["splits"].values() for shard in split["shards"]]
     for shard in tqdm(shards, desc="verify", unit="shard"):  # one bar over every split's
         path = out / shard["file"]
         if not path.exists() or sha256_file(path) != shard["sha256"]:
-            raise ValueError(f"corrupted or missing shard {path} (sha256 differs from {INDEX})")
+            raise InputError(f"corrupted or missing shard {path} (sha256 differs from {INDEX})")
     print(f"verify: {len(shards)} shards match {out / INDEX}")
     return len(shards)
 
@@ -208,9 +207,7 @@ def run(cfg: Config) -> dict:
         return json.loads((out / INDEX).read_text())
     prepared = Path(cfg.input_dir("prepare")) / "dataset"
     if not prepared.exists():
-        raise FileNotFoundError(
-            f"{prepared}: run `draftsmith prepare run_name={cfg.run_name}` first"
-        )
+        raise MissingInput(f"{prepared}: run `draftsmith prepare run_name={cfg.run_name}` first")
     dataset = datasets.load_from_disk(str(prepared))
     workers = cfg.collect.workers
     # with workers, each loads its own target; this process reads only the target's config
@@ -244,7 +241,7 @@ def run(cfg: Config) -> dict:
         old = None
     if old is not None:
         if {k: old.get(k) for k in header} != header:
-            raise ValueError(
+            raise InputError(
                 f"{out / INDEX} was collected with other settings "
                 f"({ {k: old.get(k) for k in header if old.get(k) != header[k]} }); "
                 "use another run_name or delete it"

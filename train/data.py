@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from draftsmith.errors import InputError, MissingInput
 from draftsmith.features import LAYER_CONVENTION, extract_features
 from draftsmith.heads import HeadBatch, TargetInfo, TargetParts
 
@@ -25,12 +26,10 @@ class ShardRows:
         self.keys = ("input_ids", "loss_mask", "hidden", *(("aux",) if aux else ()), "target_top")
         index_path = self.folder / "index.json"
         if not index_path.exists():
-            raise FileNotFoundError(
-                f"{index_path}: no collected features (run `draftsmith collect`)"
-            )
+            raise MissingInput(f"{index_path}: no collected features (run `draftsmith collect`)")
         self.index = json.loads(index_path.read_text())
         if not self.index.get("complete"):
-            raise ValueError(f"{index_path}: collection is incomplete; rerun `draftsmith collect`")
+            raise InputError(f"{index_path}: collection is incomplete; rerun `draftsmith collect`")
         self.max_len = max_len
         self.rows: list[tuple[int, int, int]] = []  # (shard, start, length)
         self.files = []
@@ -43,7 +42,7 @@ class ShardRows:
                     offsets = f.get_tensor("offsets").tolist()
                     positions += [i for i, _ in json.loads(f.metadata()["rows"])]
             except Exception as err:  # a truncated or overwritten file
-                raise ValueError(
+                raise InputError(
                     f"corrupted shard {path}: {err}; "
                     "`draftsmith collect verify=true` checks every shard"
                 ) from err
@@ -65,17 +64,17 @@ class ShardRows:
             "num_layers": target.num_layers,
         }
         if mine != theirs:
-            raise ValueError(
+            raise InputError(
                 f"shards in {self.folder} come from target {self.index['target']} "
                 f"{mine}, the head's target is {target.name} {theirs}"
             )
         if self.index["layer_convention"] != LAYER_CONVENTION:
-            raise ValueError(
+            raise InputError(
                 f"shards use layer convention {self.index['layer_convention']}, "
                 f"expected {LAYER_CONVENTION}"
             )
         if aux_layers and list(aux_layers) != list(self.index["aux_layers"]):
-            raise ValueError(
+            raise InputError(
                 f"head wants aux layers {aux_layers} ({LAYER_CONVENTION}), shards in "
                 f"{self.folder} hold {self.index['aux_layers']}: train a head on those "
                 f"(head.aux_layers={list(self.index['aux_layers'])}), collect these into "

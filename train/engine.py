@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.conf.schema import Config
+from draftsmith.errors import MissingInput
 from draftsmith.files import write_text_atomic
 from draftsmith.target import check_device
 
@@ -208,7 +209,7 @@ def load_checkpoint(engine, folder: Path) -> dict | None:
     tag = latest.read_text().strip()
     path, client_state = engine.load_checkpoint(str(folder), tag=tag)
     if path is None:
-        raise FileNotFoundError(f"{folder}/{tag}: checkpoint named by `latest` could not be loaded")
+        raise MissingInput(f"{folder}/{tag}: checkpoint named by `latest` could not be loaded")
     return client_state
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from draftsmith.conf.schema import Config
 from draftsmith.config import save_config
+from draftsmith.errors import MissingInput
 from draftsmith.provenance import check_unchanged, stale, upstream
 from draftsmith.train import loop
 from draftsmith.train.engine import free_port
@@ -63,7 +64,7 @@ def _check_inputs(cfg: Config) -> None:
         needed = Path(cfg.input_dir("collect"), "index.json")
         done = needed.exists() and json.loads(needed.read_text()).get("complete", False)
     if not done:
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{needed}: no finished {stage} output to train on; run `draftsmith {stage} "
             f"run_name={cfg.inputs_from or cfg.run_name}` first (or `draftsmith run`)"
         )

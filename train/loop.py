@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from draftsmith.conf.schema import Config
+from draftsmith.errors import InputError, MissingInput
 from draftsmith.files import write_text_atomic
 from draftsmith.heads import (
     DraftHead,
@@ -124,13 +125,13 @@ def setup(cfg: Config, rank: int):
         try:  # strict: every tensor of `head` must come from the start head, shapes included
             head.load_state_dict(start.state_dict())
         except RuntimeError as err:
-            raise ValueError(
+            raise InputError(
                 f"train.init_from={t.init_from}: does not fit head {head.name}: {err}"
             ) from None
     dtype = torch.float32
     if online:
         if not prepared.exists():
-            raise FileNotFoundError(f"{prepared}: run `draftsmith prepare` first")
+            raise MissingInput(f"{prepared}: run `draftsmith prepare` first")
         split = datasets.load_from_disk(str(prepared))
         sources = {
             name: OnlineRows(split[name], cfg.train.max_len) for name in ("train", "heldout")
@@ -158,7 +159,7 @@ def run(cfg: Config) -> dict:
     if cfg.resume:  # its checkpoints go on only with the settings and inputs they were made with
         check_unchanged(cfg, "train", settings)
         if stale(cfg, "train"):
-            raise ValueError(
+            raise InputError(
                 f"{cfg.stage_dir('train')}: its checkpoints were trained on "
                 f"{upstream(cfg, 'train')} output made again since; train without resume=true"
             )
@@ -167,7 +168,7 @@ def run(cfg: Config) -> dict:
     target, head, sources, make_batch_for = setup(cfg, rank)
     train_rows, heldout_rows = sources["train"], sources["heldout"]
     if len(heldout_rows) == 0:  # its simulated tau would read 1.0 and pick the "best" head
-        raise ValueError(
+        raise InputError(
             f"{cfg.input_dir('prepare')}: no held-out rows to pick the best head by (its "
             "held-out conversations were all skipped: see stats.json); prepare with more "
             "data.heldout"
@@ -181,7 +182,7 @@ def run(cfg: Config) -> dict:
         len(batch_order(train_rows.lengths(), t.micro_batch_size, cfg.seed, 0)) // micro_per_step
     )
     if steps_per_epoch == 0:
-        raise ValueError(
+        raise InputError(
             f"{len(train_rows)} training rows are too few for {micro_per_step} "
             f"micro-batches of {t.micro_batch_size} per step"
         )
@@ -197,7 +198,7 @@ def run(cfg: Config) -> dict:
     if cfg.resume:
         state = ds.load_checkpoint(engine, ckpt)
         if state is None:
-            raise FileNotFoundError(f"resume=true but {ckpt}/latest does not exist")
+            raise MissingInput(f"resume=true but {ckpt}/latest does not exist")
         step, best = state["step"], state["best"]
         earlier = state.get("seconds", 0.0)  # checkpoints before session 35 lack it
         restore_rng(state["rng"][rank])

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from draftsmith.conf.schema import Config
 from draftsmith.conversations import Conversation, read_conversations, skipped_text
+from draftsmith.errors import InputError
 from draftsmith.files import write_text_atomic
 from draftsmith.packed import pack_linears
 from draftsmith.provenance import check_unchanged, new_id, record, stage_settings
@@ -119,7 +120,7 @@ def run(cfg: Config) -> dict:
     }
     if not tokenized["train"]:
         templated = f"; rendering {skipped_text(skipped, examples)}"
-        raise ValueError(
+        raise InputError(
             f"no usable training conversations: {report.summary()}; "
             f"{len(splits['heldout'])} held out for evaluation{templated if skipped else ''}"
         )

@@ -31,12 +31,13 @@ from typing import Any
 from tqdm import tqdm
 
 from draftsmith.conf.schema import RegenConfig
+from draftsmith.errors import InputError
 from draftsmith.target import resolve_target_path, special_tokens_only
 
 RETRIES = 3  # after the first attempt, waiting 1, 2, 4 s
 
 
-class ServerError(RuntimeError):
+class ServerError(InputError):
     """A server refused a request (`status`, its reply) or never answered it (status None)."""
 
     def __init__(self, url: str, status: int | None, reason: str) -> None:

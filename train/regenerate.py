@@ -26,6 +26,7 @@ from transformers import DynamicCache
 
 from draftsmith.conf.schema import RegenConfig
 from draftsmith.conversations import Conversation, Turn
+from draftsmith.errors import InputError
 from draftsmith.files import write_text_atomic
 from draftsmith.inference.verify import Sampling, generate_kwargs
 from draftsmith.target import cache_kwarg, stop_token_ids
@@ -154,7 +155,7 @@ def generate_answers(
             if progress is not None:
                 progress.update(len(chunk))
     else:
-        raise ValueError(f"data.regen.engine={cfg.engine!r} decodes no token ids in process")
+        raise InputError(f"data.regen.engine={cfg.engine!r} decodes no token ids in process")
     stops = set(stop_token_ids(target, tokenizer))
     return [row[: _first_stop(row, stops)] for row in rows]
 
