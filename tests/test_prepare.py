@@ -545,8 +545,15 @@ def test_regeneration_engines_give_the_targets_greedy_answers(
             for engine in ("padded", "generate", "continuous")
         }
 
+    made = []  # the continuous engine's batching config, as transformers left it
+    batch = tiny_target.generate_batch
+    record = lambda *a, **k: made.append(k["continuous_batching_config"]) or batch(*a, **k)  # noqa: E731
+    monkeypatch.setattr(tiny_target, "generate_batch", record)
     full = answers(tiny_tokenizer)
     assert full["padded"] == full["generate"] == full["continuous"]
+    # its KV cache holds the rows in flight (the longest 30 + 12 tokens, in one 256-token page
+    # each), not 60% of the machine's RAM, whatever else runs there
+    assert made[0].num_blocks == len(prompts)
     assert all(len(a) == 12 for a in full["padded"])  # no EOS from a random model
     # a token the random model emits mid-answer acts as EOS: answers end at different steps
     counts: dict[int, int] = {}

@@ -119,13 +119,20 @@ def _generate_continuous(target, tokenizer, prompts: list[list[int]], cfg: Regen
     from transformers import GenerationConfig
     from transformers.generation import ContinuousBatchingConfig
 
+    if not prompts:
+        return []
+    # a KV cache for the rows in flight: left to itself, transformers sizes it by 60% of the
+    # machine's RAM on CPU (14 GiB here, whatever else runs: beside other processes, an OOM kill)
+    config = ContinuousBatchingConfig(
+        max_requests_per_batch=cfg.batch_size, max_batch_tokens=cfg.max_batch_tokens
+    )
+    pages = -(-(max(map(len, prompts)) + cfg.max_new_tokens) // config.page_size)  # per row
+    config.num_blocks = min(cfg.batch_size, len(prompts)) * pages
     with torch.no_grad():
         results = target.generate_batch(
             prompts,
             generation_config=GenerationConfig(**_generate_kwargs(target, tokenizer, cfg)),
-            continuous_batching_config=ContinuousBatchingConfig(
-                max_requests_per_batch=cfg.batch_size, max_batch_tokens=cfg.max_batch_tokens
-            ),
+            continuous_batching_config=config,
         )
     outputs = list(results.values())  # generate_batch returns them in input order
     failed = [o.request_id for o in outputs if o.error is not None]
