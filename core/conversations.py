@@ -495,7 +495,10 @@ def _iter_dataset(source: str, data_files: str | None = None, split: str | None 
     elif Path(source).is_dir() and any((Path(source) / f).exists() for f in _DATASET_MARKERS):
         ds = datasets.load_from_disk(source)
     else:
-        ds = datasets.load_dataset(source)
+        try:
+            ds = datasets.load_dataset(source)
+        except (ConnectionError, FileNotFoundError) as err:  # a hub id: not there, or no hub
+            raise MissingInput(f"data.path={source}: no such file or folder here; {err}") from None
     if isinstance(ds, datasets.DatasetDict):
         if split is not None and split not in ds:
             raise InputError(f"{source}: data.split={split}: no such split (it has {list(ds)})")
