@@ -498,7 +498,7 @@ def _iter_dataset(source: str, data_files: str | None = None, split: str | None 
         try:
             ds = datasets.load_dataset(source)
         except (ConnectionError, FileNotFoundError) as err:  # a hub id: not there, or no hub
-            raise MissingInput(f"data.path={source}: no such file or folder here; {err}") from None
+            raise MissingInput(f"{source}: no such file or folder here; {err}") from None
     if isinstance(ds, datasets.DatasetDict):
         if split is not None and split not in ds:
             raise InputError(f"{source}: data.split={split}: no such split (it has {list(ds)})")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -382,8 +383,16 @@ def read_head_config(folder: str | Path) -> dict[str, Any]:
     return data
 
 
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; a damaged one (truncated, overwritten) is named."""
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise InputError(f"{path}: not a readable safetensors file ({err})") from None
+
+
 def load_weights(head: DraftHead, folder: str | Path) -> DraftHead:
-    state = load_file(str(Path(folder) / WEIGHTS_FILE))
+    state = read_safetensors(Path(folder) / WEIGHTS_FILE)
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise InputError(

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from draftsmith.errors import InputError
 from draftsmith.files import staged_dir
-from draftsmith.heads.base import DraftHead, TargetInfo
+from draftsmith.heads.base import DraftHead, TargetInfo, read_safetensors
 from draftsmith.heads.eagle3 import default_aux_layers
 
 FORMATS = ("native", "sglang", "vllm", "trtllm", "medusa-vllm", "medusa")
@@ -263,7 +263,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """safetensors, or a .bin/.pt read with weights_only=True (never arbitrary pickles)."""
     for name in SAFETENSORS_FILES:
         if (folder / name).exists():
-            return load_file(str(folder / name))
+            return read_safetensors(folder / name)
     for name in PICKLE_FILES:
         if (folder / name).exists():
             try:

@@ -185,7 +185,7 @@ def test_hf_dataset_on_disk(tmp_path: Path) -> None:
 def test_a_missing_file_is_named_not_looked_for_on_the_hub(tmp_path: Path, monkeypatch) -> None:
     """A file name or a path that does not exist is no hub dataset: the error names it (it was
     "Couldn't reach 'chats.jsonl' on the Hub"); `~` is the home folder. A hub id that cannot be
-    read is named with the setting (it was datasets' ConnectionError and its traceback)."""
+    read is named, with what the hub said (it was datasets' ConnectionError and its traceback)."""
     monkeypatch.chdir(tmp_path)
     for source in ("chats.jsonl", "data/chats.parquet", str(tmp_path / "folder"), "./folder"):
         with pytest.raises(FileNotFoundError, match=f"{re.escape(source)}: no such file or folder"):
@@ -194,13 +194,13 @@ def test_a_missing_file_is_named_not_looked_for_on_the_hub(tmp_path: Path, monke
     (tmp_path / "chats.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
     convs, _ = read_conversations("~/chats.jsonl")
     assert convs[0].turns[0].content == "hi"
-    # a hub id the hub does not answer for (offline, as here): named as the setting it is
+    # a hub id the hub does not answer for (offline, as here): named, with what the hub said
     import datasets
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    hub = r"data.path=acme/chats: no such file or folder here; Couldn't reach 'acme/chats'"
+    hub = r"acme/chats: no such file or folder here; Couldn't reach 'acme/chats'"
     with pytest.raises(MissingInput, match=hub):
         read_conversations("acme/chats")
 

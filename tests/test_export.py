@@ -4,6 +4,7 @@ translation, d2t semantics, official-layout fixtures, and the refusals."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -334,6 +335,15 @@ def test_refusals(info, tiny_target, tmp_path: Path, make_tiny) -> None:
     save_file({"encoder.weight": torch.zeros(2, 2)}, str(tmp_path / "odd" / "model.safetensors"))
     with pytest.raises(FormatError, match=r"odd: weights match no known head layout .*encoder"):
         load_head(tmp_path / "odd", info)
+    # damaged weights (a copy cut short), native and foreign: the file is named
+    for fmt in ("native", "vllm"):
+        cut = export_head(trained_like("eagle3", info, tiny_target), fmt, tmp_path / f"cut_{fmt}")
+        weights = cut / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+        with pytest.raises(
+            InputError, match=f"{re.escape(str(weights))}: not a readable safetensors"
+        ):
+            load_head(cut, info)
     # a head path that does not exist (no trained head yet) says how to get one
     with pytest.raises(FileNotFoundError, match="no such head folder.*draftsmith train"):
         load_head(tmp_path / "nowhere", info)
