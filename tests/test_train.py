@@ -429,6 +429,22 @@ def test_a_ctrl_c_stops_launched_ranks_in_one_line(run_overrides, tmp_path: Path
     assert _shm_buffers() <= buffers  # interrupted ranks leave no buffer behind
 
 
+def test_a_launched_rank_ends_an_input_error_in_its_message(run_overrides) -> None:
+    """An error the user mends met inside the launched ranks (a head for layers the features
+    were not collected from) ends in each rank's one-line message and the launch's own line,
+    status 1, not in a traceback per rank."""
+    command = [sys.executable, "-m", "draftsmith.cli", "train", *run_overrides, "inputs_from=t"]
+    command += ["run_name=other_layers", "launcher=deepspeed", "nproc=2", "head.aux_layers=[1,1,1]"]
+    done = subprocess.run(command, env=_clean_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"draftsmith train (rank {rank}): head wants aux layers [1, 1, 1]" in done.stderr
+    assert done.stderr.rstrip().endswith(
+        "draftsmith train: its ranks failed (exit code 1), saying why above"
+    )
+
+
 def test_a_launched_training_reports_where_it_stopped(
     run_overrides, tmp_path: Path, monkeypatch
 ) -> None:

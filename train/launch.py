@@ -46,7 +46,7 @@ def run(cfg: Config) -> dict:
     save_config(replace(cfg, stage="train", launcher="none"), launch_config)
     code = _launch(cfg.nproc, launch_config)
     if code != 0:
-        raise SystemExit(f"deepspeed launch failed with exit code {code}")
+        raise SystemExit(f"draftsmith train: its ranks failed (exit code {code}), saying why above")
     if (out / "summary.json").exists():
         return json.loads((out / "summary.json").read_text())
     # time-boxed (train.stop_after): where it stopped and the seconds before, as its rank 0 wrote
