@@ -95,6 +95,8 @@ def target_name(name_or_path: str) -> str:
 
 
 def _unloadable(name_or_path: str, err: OSError) -> AssetError:
+    if Path(resolve_target_path(name_or_path)).is_dir():  # a folder, not a whole checkpoint
+        return AssetError(f"could not load target {name_or_path!r} from its folder: {err}")
     return AssetError(
         f"could not load target {name_or_path!r}: not a local folder with config.json, and the "
         f"hub is not reachable or has no such model. Embedded targets: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from draftsmith.assets import AssetError
 from draftsmith.errors import InputError
 from draftsmith.features import FeatureCapture
 from draftsmith.target import compile_target, load_target, load_tokenizer
-from draftsmith.tiny import TINY_NAME
+from draftsmith.tiny import TINY_NAME, tiny_target_path
 from draftsmith.train.engine import init_distributed
 
 
@@ -98,11 +99,18 @@ def test_an_unreachable_cuda_device_names_the_setting() -> None:
 
 
 def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    """A target folder that is not there, or not a whole checkpoint, is named with what is
+    wrong."""
     with pytest.raises(AssetError, match="could not load target .*: no such folder"):
         load_target(str(tmp_path / "nowhere"))
     # the tokenizer, which the eval loads first, said "Repo id must be in the form ..."
     with pytest.raises(AssetError, match="could not load target .*: no such folder"):
         load_tokenizer(str(tmp_path / "nowhere"))
+    # a folder missing the weights: what it lacks, not "not a local folder ... the hub"
+    folder = tmp_path / "no_weights"
+    shutil.copytree(tiny_target_path(), folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(AssetError, match=r"no_weights' from its folder: .*no file named model"):
+        load_target(str(folder))
 
 
 def test_compiled_target_captures_the_layers_each_head_asks_for() -> None:
