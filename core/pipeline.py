@@ -107,9 +107,11 @@ def run(cfg: Config) -> dict:
             f"format={cfg.export.format} does not serve {cfg.head.name} heads (they export to "
             f"{', '.join(supported)}): pass format=<one of them>, or leave export out of stages"
         )
-    # as would a tree deeper than a Medusa or Hydra head's heads, found only by the eval
+    # as would a tree deeper than a Medusa or Hydra head's heads, or one that cannot verify
+    # drawn children exactly at the eval's temperature, found only by the eval
     if "eval" in cfg.stages:
         cfg.tree.check_heads(getattr(cfg.head, "num_heads", None), cfg.head.name)
+        cfg.tree.refuse_drawn(cfg.eval.temperature)
     rows = []
     stopped = False  # train.stop_after ended the training before its head was saved
     for name, fn in stages.items():

@@ -174,20 +174,8 @@ class SpecDecoder:
             raise InputError(f"max_new_tokens={max_new_tokens} must be >= 1")
         sampling = sampling or Sampling()
         draws = self.draws(sampling, generator)
-        if self.costs is not None and draws.sampled:
-            raise InputError(
-                "tree.adaptive=true sizes each tree by the scores of all its nodes, which with "
-                "drawn children depend on what was drawn (recursive rejection sampling would no "
-                "longer be exact); at temperature > 0 set tree.sample_drafts=false (top-k "
-                "children) or tree.adaptive=false"
-            )
-        if self.spec.verify == "traversal" and self.spec.kind == "dynamic" and draws.sampled:
-            raise InputError(
-                "tree.verify=traversal decides whole subtrees, and a dynamic tree keeps drawn "
-                "children by scores that compete across siblings, so a subtree's shape would "
-                "depend on its later siblings' draws (no longer exact); use tree=static or "
-                "tree=chain, tree.sample_drafts=false (top-k children) or tree.verify=token"
-            )
+        if draws.sampled:
+            self.spec.refuse_drawn(sampling.temperature)
         eos = set(eos_token_ids or ())
         stats = DecodeStats()
         device = next(self.target.parameters()).device

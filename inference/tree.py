@@ -200,6 +200,26 @@ class TreeSpec:
             return max(map(len, choices))
         return self.depth
 
+    def refuse_drawn(self, temperature: float) -> None:
+        """Refuse, at `temperature`, the settings under which children drawn from the head
+        (temperature > 0 with sample_drafts) would make decoding inexact."""
+        if temperature <= 0 or not self.sample_drafts:
+            return
+        if self.adaptive:
+            raise InputError(
+                "tree.adaptive=true sizes each tree by the scores of all its nodes, which with "
+                "drawn children depend on what was drawn (recursive rejection sampling would no "
+                "longer be exact); at temperature > 0 set tree.sample_drafts=false (top-k "
+                "children) or tree.adaptive=false"
+            )
+        if self.verify == "traversal" and self.kind == "dynamic":
+            raise InputError(
+                "tree.verify=traversal decides whole subtrees, and a dynamic tree keeps drawn "
+                "children by scores that compete across siblings, so a subtree's shape would "
+                "depend on its later siblings' draws (no longer exact); use tree=static or "
+                "tree=chain, tree.sample_drafts=false (top-k children) or tree.verify=token"
+            )
+
     def check_heads(self, heads: int | None, head: str) -> None:
         """Refuse a tree deeper than a parallel head's `heads`, one per depth (None: an
         autoregressive head, which drafts any depth)."""

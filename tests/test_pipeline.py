@@ -379,7 +379,8 @@ def test_eval_heads_must_not_repeat_a_run() -> None:
 
 def test_an_export_format_the_head_lacks_is_refused_before_anything_runs(tmp_path: Path) -> None:
     """The default export (sglang) serves no Hydra head: refused before prepare, not after
-    training; leaving export out of the stages, or a format the head has, runs."""
+    training; leaving export out of the stages, or a format the head has, runs. So is a tree the
+    eval could not decode with."""
     overrides = [f"runs_dir={tmp_path}", "experiment=tiny", "head=hydra"]
     with pytest.raises(ValueError, match="format=sglang does not serve hydra heads .*native"):
         run(compose(overrides))
@@ -390,6 +391,12 @@ def test_an_export_format_the_head_lacks_is_refused_before_anything_runs(tmp_pat
     # only the eval would find
     with pytest.raises(ValueError, match="tree.depth: .*hydra head has 4 heads"):
         run(compose([*overrides, "format=native"]))
+    # and a tree that would not verify drawn children exactly at the eval's temperature
+    t1 = ["format=native", "eval.temperature=1", "tree.depth=4"]
+    with pytest.raises(ValueError, match="tree.adaptive=true sizes each tree"):
+        run(compose([*overrides, *t1, "tree.adaptive=true"]))
+    with pytest.raises(ValueError, match="tree.verify=traversal decides whole subtrees"):
+        run(compose([*overrides, *t1, "tree.verify=traversal"]))
     assert not (tmp_path / "tiny" / "prepare").exists()
 
 
