@@ -20,6 +20,7 @@ from pipeline import tiny_run
 from safetensors.torch import load_file
 
 from draftsmith.config import compose, save_config
+from draftsmith.errors import MissingInput
 from draftsmith.heads.medusa import MedusaHead
 from draftsmith.inference.eval import draft_vocabulary
 from draftsmith.train import loop
@@ -135,6 +136,8 @@ def test_resume_continues_the_loss_curve_exactly(
         "deepspeed=zero0" if optimizer == "muon" else "deepspeed=zero2",
     ]  # noise: the RNG state must be restored
     full, cut = f"full_{optimizer}", f"cut_{optimizer}"
+    with pytest.raises(MissingInput, match=r"latest does not exist: .*without resume=true"):
+        loop.run(compose([*common, f"run_name={full}", "inputs_from=t", "resume=true"]))
     whole = loop.run(compose([*common, f"run_name={full}", "inputs_from=t"]))
     first = loop.run(compose([*common, f"run_name={cut}", "inputs_from=t", "train.stop_after=4"]))
     # its checkpoints go on only with the settings they were made with (time-boxing aside)

@@ -198,7 +198,10 @@ def run(cfg: Config) -> dict:
     if cfg.resume:
         state = ds.load_checkpoint(engine, ckpt)
         if state is None:
-            raise MissingInput(f"resume=true but {ckpt}/latest does not exist")
+            raise MissingInput(
+                f"resume=true but {ckpt}/latest does not exist: no checkpoint to continue from "
+                "(train without resume=true; a killed training continues without it too)"
+            )
         step, best = state["step"], state["best"]
         earlier = state.get("seconds", 0.0)  # checkpoints before session 35 lack it
         restore_rng(state["rng"][rank])
