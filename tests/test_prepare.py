@@ -547,7 +547,11 @@ def test_regeneration_engines_give_the_targets_greedy_answers(
 
     made = []  # the continuous engine's batching config, as transformers left it
     batch = tiny_target.generate_batch
-    record = lambda *a, **k: made.append(k["continuous_batching_config"]) or batch(*a, **k)  # noqa: E731
+
+    def record(*args, **kwargs):
+        made.append(kwargs["continuous_batching_config"])
+        return batch(*args, **kwargs)
+
     monkeypatch.setattr(tiny_target, "generate_batch", record)
     full = answers(tiny_tokenizer)
     assert full["padded"] == full["generate"] == full["continuous"]
