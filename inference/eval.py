@@ -300,6 +300,9 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     """Run the benchmark; returns {run name: results} for this run's head and `eval.heads`.
     With `eval.workers` N > 1, N processes (this one and N - 1 spawned) decode every N-th
     conversation each, the cores split among them."""
+    # before the target loads: a tree that cannot verify drawn children exactly at this
+    # temperature (the decoder refuses it too)
+    cfg.tree.refuse_drawn(cfg.eval.temperature)
     n = _processes(cfg)
     if n < cfg.eval.workers:
         print(

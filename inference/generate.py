@@ -90,6 +90,7 @@ def run(cfg: Config, out: TextIO | None = None) -> dict:
             'generate.prompt is empty: pass generate.prompt="your message" (quoted again '
             "for Hydra if it holds a comma), or generate.prompt=- to read it from stdin"
         )
+    cfg.tree.refuse_drawn(g.temperature)  # before the target loads, as eval
     tokenizer = target_tokenizer(cfg.target)
     target, info, parts, _ = decoding_target(cfg)
     head, _ = decoding_head(cfg, cfg.resolved_head_path(), info, parts)

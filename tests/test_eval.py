@@ -460,3 +460,13 @@ def test_a_missing_heldout_benchmark_names_the_run_that_prepares_it(tmp_path: Pa
         FileNotFoundError, match="b/prepare/heldout.jsonl: run `draftsmith prepare run_name=b`"
     ):
         evaluate.benchmark_source(cfg)
+
+
+def test_a_tree_inexact_at_the_temperature_is_refused_before_the_target_loads(
+    tmp_path: Path, head_dir: Path
+) -> None:
+    bench = _benchmark(tmp_path / "q.jsonl", [("writing", "Hi")])
+    drawn = ["target.path=/nonexistent/target", "eval.temperature=1", "tree.verify=traversal"]
+    cfg = compose(_tiny_eval(tmp_path, head_dir, bench, *drawn))
+    with pytest.raises(ValueError, match="tree.verify=traversal decides whole subtrees"):
+        evaluate.run(cfg)

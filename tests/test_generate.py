@@ -68,6 +68,11 @@ def test_bad_settings_are_refused(head_dir: Path) -> None:
         generate.run(compose([*overrides(head_dir), "generate.prompt= "]))
     with pytest.raises(ValueError, match="generate.max_new_tokens=0"):
         compose([*overrides(head_dir), "generate.max_new_tokens=0"])
+    # a tree that cannot verify drawn children exactly is refused before the target loads (a
+    # target that is not there: its error would come first otherwise)
+    drawn = ["target.path=/nonexistent/target", "tree.adaptive=true", "generate.temperature=1"]
+    with pytest.raises(ValueError, match="tree.adaptive=true sizes each tree"):
+        generate.run(compose([*overrides(head_dir), *drawn]))
 
 
 def test_text_stream_holds_back_a_split_character(tiny_tokenizer) -> None:
