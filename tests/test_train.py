@@ -385,6 +385,7 @@ def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str], monkeypat
             timeout=600,
         )
         assert result.returncode == 0, result.stderr[-3000:]
+        assert "FutureWarning" not in result.stderr  # DeepSpeed's use of a renamed torch collective
     if "deepspeed=zero2" in optimizer:
         summary = json.loads(Path(runs_dir(run_overrides), two, "summary.json").read_text())
         assert summary["train"]["steps"] == 3

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import warnings
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -46,6 +47,11 @@ def init_distributed(device: str) -> tuple[int, int]:
             # every tensor made on "cuda" (else every rank would load its target onto GPU 0)
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+        # DeepSpeed's ZeRO gathers call the collective torch renamed (all_gather_single): a
+        # warning per rank that its users cannot act on
+        warnings.filterwarnings(
+            "ignore", r"`torch\.distributed\.all_gather_into_tensor` is deprecated", FutureWarning
+        )
         if not cuda:
             unlink_shm_buffer()
     return dist.get_rank(), dist.get_world_size()
