@@ -1,4 +1,4 @@
-"""`draftsmith export`: a trained (or imported) head -> a serving folder.
+"""A trained (or imported) head -> a serving folder (`draftsmith export`).
 
 `head_path` may be one of our head folders or a foreign one (official EAGLE/EAGLE-3, speculators,
 FasterDecoding or vLLM Medusa), which is imported first; `format=native` therefore also converts

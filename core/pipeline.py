@@ -1,4 +1,4 @@
-"""`draftsmith run`: prepare -> collect -> train -> eval -> export, what is complete skipped.
+"""Prepare -> collect -> train -> eval -> export, what is complete skipped (`draftsmith run`).
 
 Each stage is skipped when its output is already complete (so a killed run is continued by
 running the same command again); `stages=[...]` runs a subset, and the summary still lists the

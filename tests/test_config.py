@@ -238,6 +238,11 @@ def test_cli_help_sums_up_each_command_in_a_whole_sentence(
     }
     for stage in cli.STAGES:
         assert rows[stage].endswith("."), rows[stage]
+    # a command's own help is named after it and lists its settings, not "cli is powered by Hydra"
+    with pytest.raises(SystemExit):  # Hydra's help exits
+        cli.main(["eval", "eval.limit=3", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("draftsmith eval: every setting below") and "limit: 3" in out
 
 
 def test_cli_takes_overrides_after_its_flags(

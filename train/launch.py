@@ -1,4 +1,4 @@
-"""Train a draft head (`draftsmith train`), in this process or as N DeepSpeed ranks.
+"""Train a draft head, in this process or as N DeepSpeed ranks (`draftsmith train`).
 
 The train stage of `draftsmith run` too, and `run(cfg)` from Python: in-process, or
 `launcher=deepspeed nproc=N`, which runs `-m draftsmith.train` under DeepSpeed's launcher with

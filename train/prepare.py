@@ -1,4 +1,4 @@
-"""Conversations -> token ids + assistant loss masks (+ regenerated answers): `draftsmith prepare`.
+"""Conversations -> ids + assistant loss masks, answers kept or regenerated (`draftsmith prepare`).
 
 Writes runs/<run>/prepare/: `dataset/` (an Arrow DatasetDict with `train` and `heldout` splits of
 id, input_ids, loss_mask), `heldout.jsonl` (the held-out conversations, for
