@@ -260,6 +260,7 @@ def test_cli_takes_overrides_after_its_flags(
         ("eval", "dynamic", 8),
         ("eval", "dynamic", 16),
     ]
+    assert not list(tmp_path.rglob("*.log"))  # no Hydra job log of libraries' INFO lines
     cli.main(["train", "--cfg", "job", "experiment=smollm2_medusa"])
     assert "name: medusa" in capsys.readouterr().out
 
