@@ -173,9 +173,8 @@ class SpecDecoder:
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens={max_new_tokens} must be >= 1")
         sampling = sampling or Sampling()
+        self.spec.refuse_drawn(sampling.temperature)  # a no-op at T=0 or with top-k children
         draws = self.draws(sampling, generator)
-        if draws.sampled:
-            self.spec.refuse_drawn(sampling.temperature)
         eos = set(eos_token_ids or ())
         stats = DecodeStats()
         device = next(self.target.parameters()).device
