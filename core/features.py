@@ -67,6 +67,9 @@ class FeatureCapture:
 
     def __init__(self, model: nn.Module, aux_layers: Sequence[int] = ()) -> None:
         self.layers = decoder_layers(model)
+        # a target loaded without its layers (load_target(layers=False)): the output of "the
+        # last of no layers" is what enters its final norm
+        self.norm = final_norm(model) if len(self.layers) == 0 else None
         n = len(self.layers)
         bad = [k for k in aux_layers if not 1 <= k <= n]
         if bad:
@@ -82,6 +85,13 @@ class FeatureCapture:
         return record
 
     def __enter__(self) -> FeatureCapture:
+        if self.norm is not None:  # `hidden` is output n - 1 = -1: the norm's input
+            record = self._hook(-1)
+            hook = self.norm.register_forward_pre_hook(
+                lambda module, args: record(module, args, args[0])
+            )
+            self._handles = [hook]
+            return self
         wanted = {len(self.layers) - 1} | {k - 1 for k in self.aux_layers}
         self._handles = [self.layers[i].register_forward_hook(self._hook(i)) for i in wanted]
         return self

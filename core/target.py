@@ -178,6 +178,7 @@ def load_target(
     device: str = "cpu",
     trust_remote_code: bool = False,
     attn_implementation: str | None = "sdpa",
+    layers: bool = True,
 ):
     """Load a frozen target model in eval mode: a causal LM, or an image-text model transformers
     builds none of (decoding text, it is one).
@@ -188,27 +189,28 @@ def load_target(
         device: "cpu" or "cuda[:n]".
         trust_remote_code: run model code shipped with the checkpoint (off by default).
         attn_implementation: transformers attention backend name.
+        layers: False builds the model without its decoder layers, whose tensors are never
+            read: its embeddings, final norm and lm_head are what a head trains against on
+            collected features, and an 8B target's layers would hold ~15 GB on every rank.
+            Its config then says 0 layers (`load_config` gives the checkpoint's).
 
     Returns:
         The model (requires_grad off everywhere).
     """
-    from transformers import AutoConfig
-
     check_device(device)
     path = resolve_target_path(name_or_path)
     local = os.path.isdir(path)
+    kwargs = {
+        "dtype": torch_dtype(dtype),
+        "trust_remote_code": trust_remote_code,
+        "attn_implementation": attn_implementation,
+        "local_files_only": local,
+    }
     try:
-        config = AutoConfig.from_pretrained(
-            path, trust_remote_code=trust_remote_code, local_files_only=local
-        )
-        model = auto_model_class(config).from_pretrained(
-            path,
-            config=config,
-            dtype=torch_dtype(dtype),
-            trust_remote_code=trust_remote_code,
-            attn_implementation=attn_implementation,
-            local_files_only=local,
-        )
+        config = load_config(name_or_path, trust_remote_code)
+        model = None if layers else _without_layers(path, config, kwargs)
+        if model is None:
+            model = auto_model_class(config).from_pretrained(path, config=config, **kwargs)
     except OSError as err:
         raise _unloadable(name_or_path, err) from err
     except ValueError as err:
@@ -217,7 +219,7 @@ def load_target(
         # architectures transformers runs eagerly only (Gemma 2's softcapped attention logits,
         # GPT-OSS's attention sinks): their eager attention also verifies trees, taking the tree
         # mask as it is (inference/attention.py: tree_implementation)
-        return load_target(name_or_path, dtype, device, trust_remote_code, "eager")
+        return load_target(name_or_path, dtype, device, trust_remote_code, "eager", layers)
     model.to(device)
     model.eval()
     model.requires_grad_(False)
@@ -226,6 +228,53 @@ def load_target(
     if head is not None:
         head.register_forward_pre_hook(_contiguous_input)
     return model
+
+
+def load_config(name_or_path: str, trust_remote_code: bool = False):
+    """The target's transformers config (the checkpoint's, whatever `load_target` builds)."""
+    from transformers import AutoConfig
+
+    path = resolve_target_path(name_or_path)
+    try:
+        return AutoConfig.from_pretrained(
+            path, trust_remote_code=trust_remote_code, local_files_only=os.path.isdir(path)
+        )
+    except OSError as err:
+        raise _unloadable(name_or_path, err) from err
+
+
+_LAYER_WARNINGS = ("modeling_utils", "distributed.tensor_parallel")
+
+
+def _without_layers(path: str, config, kwargs: dict):
+    """The model built with no decoder layers, or None when it cannot be: an architecture that
+    needs its layers to be built, or a checkpoint that lacks (under the names this build looks
+    for) a tensor the model keeps. Then the caller loads the whole model, which costs memory,
+    never correctness."""
+    import copy
+    import logging
+
+    config = copy.deepcopy(config)
+    text = config.get_text_config(decoder=True)
+    text.num_hidden_layers = 0
+    if getattr(text, "layer_types", None) is not None:  # one entry per layer (Qwen3, Gemma 3)
+        text.layer_types = []
+    # transformers would warn of the layers' absence: its load report lists every layer tensor
+    # of the checkpoint as unexpected, its tensor-parallel check the layers' rules as unused
+    quiet = [logging.getLogger(f"transformers.{name}") for name in _LAYER_WARNINGS]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        model, info = auto_model_class(config).from_pretrained(
+            path, config=config, output_loading_info=True, **kwargs
+        )
+    except Exception:  # noqa: BLE001 (any failure: the whole model loads instead)
+        return None
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+    return None if info["missing_keys"] or info["mismatched_keys"] else model
 
 
 def auto_model_class(config):

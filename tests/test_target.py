@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -45,6 +46,47 @@ def test_an_image_text_target_loads_with_its_processors_template(make_tiny) -> N
     (folder / "chat_template.json").write_text(json.dumps({"chat_template": CHATML_TEMPLATE}))
     assert load_tokenizer(str(folder)).chat_template == CHATML_TEMPLATE
     assert type(load_target(str(folder))).__name__ == "Qwen2_5_VLForConditionalGeneration"
+
+
+@pytest.mark.parametrize("architecture", ["Llama", "Granite", "Gemma2", "GPT2", "Gemma3"])
+def test_a_target_loads_without_its_layers(
+    make_tiny, architecture: str, caplog, monkeypatch
+) -> None:
+    """Training on collected features reads the target's embeddings, final norm and lm_head
+    only: built without its layers (a logit scale, a softcap, GPT-2's names, an image-text
+    model), the target keeps the checkpoint's tensors, its own forward passes the parts' logit
+    check, they give the whole model's logits, and transformers warns of none of the skipped
+    layer tensors."""
+    from test_speculative import ARCHITECTURES
+
+    from draftsmith.features import decoder_layers
+    from draftsmith.heads import TargetParts
+
+    folder = str(make_tiny(architecture=architecture, **ARCHITECTURES.get(architecture, {})))
+    whole = load_target(folder)
+    # transformers' loggers write through its own handler, bound to the stderr of import time
+    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)
+    ends = load_target(folder, layers=False)
+    assert caplog.records == []
+    assert len(decoder_layers(ends)) == 0 and len(decoder_layers(whole)) == 4
+    parts = TargetParts.from_model(ends).check(ends)
+    hidden = torch.randn(2, 5, whole.get_input_embeddings().embedding_dim)  # [B, T, H]
+    torch.testing.assert_close(parts.logits(hidden), TargetParts.from_model(whole).logits(hidden))
+
+
+def test_a_target_missing_a_tensor_loads_whole_when_asked_without_layers(make_tiny) -> None:
+    """A checkpoint lacking (under the names transformers looks for) a tensor the model keeps
+    loads whole, with transformers' own report of it (here its lm_head, which it initialises
+    at random), rather than without its layers."""
+    from safetensors.torch import load_file, save_file
+
+    from draftsmith.features import decoder_layers
+
+    folder = str(make_tiny())
+    weights = load_file(f"{folder}/model.safetensors")
+    weights["renamed"] = weights.pop("lm_head.weight")
+    save_file(weights, f"{folder}/model.safetensors", metadata={"format": "pt"})
+    assert len(decoder_layers(load_target(folder, layers=False))) == 4
 
 
 def test_tiny_target_loads_with_chat_template(tiny_target, tiny_tokenizer) -> None:

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from draftsmith.config import compose, save_config
 from draftsmith.errors import MissingInput
+from draftsmith.features import decoder_layers
 from draftsmith.heads.medusa import MedusaHead
 from draftsmith.inference.eval import draft_vocabulary
 from draftsmith.train import loop
@@ -500,10 +501,13 @@ def test_online_matches_offline(run_overrides, head: str) -> None:
         run_overrides = [*run_overrides[: -len(HEAD)], *TRAIN, f"head={head}"]
     common = [*run_overrides, "train.max_steps=1", "train.log_every=1", "train.save_every=1000"]
     cfg = compose([*common, f"run_name=offline_{head}", "inputs_from=t"])
-    _, _, sources, make_batch_for = loop.setup(cfg, 0)
+    target, _, sources, make_batch_for = loop.setup(cfg, 0)
     assert (make_batch_for(sources["train"])([0, 1]).aux is None) == (head != "eagle3")
+    assert len(decoder_layers(target)) == 0  # on collected features the layers stay on disk
     loop.run(cfg)
-    loop.run(compose([*common, f"run_name=online_{head}", "inputs_from=t", "train=online", *TRAIN]))
+    online = compose([*common, f"run_name=online_{head}", "inputs_from=t", "train=online", *TRAIN])
+    assert len(decoder_layers(loop.setup(online, 0)[0])) == 4
+    loop.run(online)
     root = runs_dir(run_overrides)
     # shards store fp16 features; online features are fp32
     online, offline = losses(root, f"online_{head}")[1], losses(root, f"offline_{head}")[1]

@@ -45,7 +45,7 @@ from draftsmith.provenance import (
     stale,
     upstream,
 )
-from draftsmith.target import load_target, target_name
+from draftsmith.target import load_config, load_target, target_name
 from draftsmith.tracking import Tracker
 from draftsmith.train import engine as ds
 from draftsmith.train.data import OnlineRows, ShardRows, batch_order, collate, online_batch
@@ -109,8 +109,13 @@ def setup(cfg: Config, rank: int):
     random.seed(cfg.seed)
     t = cfg.train
     online = t.source == "online"
-    target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
-    info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
+    trust = cfg.target.trust_remote_code
+    # on collected features the head needs the target's embeddings, final norm and lm_head
+    # only: its layers stay on disk (collect checked the whole model's logits against these)
+    target = load_target(cfg.target.path, cfg.dtype, cfg.device, trust, layers=online)
+    info = TargetInfo.from_hf_config(
+        load_config(cfg.target.path, trust), target_name(cfg.target.path)
+    )
     head = build_head(cfg.head, info).bind(TargetParts.from_model(target).check(target))
     aux_layers = head.aux_layers
     import datasets
