@@ -13,13 +13,18 @@ from draftsmith.conf.schema import Config
 from draftsmith.heads import TargetInfo, TargetParts, load_head
 from draftsmith.heads.formats import export_head
 from draftsmith.provenance import export_dir, record_export
-from draftsmith.target import load_target, target_name
+from draftsmith.target import load_config, load_target, target_name
 
 
 def run(cfg: Config) -> Path:
     e = cfg.export  # its format is one of FORMATS (checked with the config)
-    target = load_target(cfg.target.path, "float32", "cpu", cfg.target.trust_remote_code)
-    info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
+    trust = cfg.target.trust_remote_code
+    # the head borrows the target's embeddings, final norm and lm_head only (an 8B target's
+    # layers would take ~30 GB of RAM in fp32 here)
+    target = load_target(cfg.target.path, "float32", "cpu", trust, layers=False)
+    info = TargetInfo.from_hf_config(
+        load_config(cfg.target.path, trust), target_name(cfg.target.path)
+    )
     head = load_head(cfg.resolved_head_path(), info).bind(TargetParts.from_model(target))
     out = Path(export_dir(cfg))
     export_head(head, e.format, out, e.overwrite, e.num_speculative_tokens)
