@@ -138,7 +138,10 @@ def interrupted(command: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv:  # a usage error, as a script calling it without a command would want to know
+        print(_usage(), file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0
     command, rest = argv[0], argv[1:]

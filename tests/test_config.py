@@ -233,9 +233,10 @@ def test_cli_help_sums_up_each_command_in_a_whole_sentence(
     from draftsmith import cli
 
     assert cli.main(["--help"]) == 0
-    rows = {
-        line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line[:2] == "  "
-    }
+    usage = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in usage.splitlines() if line[:2] == "  "}
+    # no command at all is a usage error: the same text on stderr, status 2
+    assert cli.main([]) == 2 and capsys.readouterr().err.strip() == usage.strip()
     for stage in cli.STAGES:
         assert rows[stage].endswith("."), rows[stage]
     # a command's own help is named after it and lists its settings, not "cli is powered by Hydra"
