@@ -111,7 +111,8 @@ def setup(cfg: Config, rank: int):
     online = t.source == "online"
     trust = cfg.target.trust_remote_code
     # on collected features the head needs the target's embeddings, final norm and lm_head
-    # only: its layers stay on disk (collect checked the whole model's logits against these)
+    # only: its layers stay on disk. The check below still covers the logit transform; collect
+    # checked the whole model's logits
     target = load_target(cfg.target.path, cfg.dtype, cfg.device, trust, layers=online)
     info = TargetInfo.from_hf_config(
         load_config(cfg.target.path, trust), target_name(cfg.target.path)
