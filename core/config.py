@@ -47,16 +47,18 @@ def register_schemas() -> None:
     if not OmegaConf.has_resolver("by_dtype"):
         OmegaConf.register_new_resolver("by_dtype", by_dtype)
     cs = ConfigStore.instance()
+    # outside the groups, so `--help` lists each group's presets without them; a group's
+    # files extend theirs by absolute path (`- /tree_schema@_here_`)
     cs.store(name="draftsmith_schema", node=Config)
-    cs.store(group="target", name="target_schema", node=TargetConfig)
-    cs.store(group="data", name="data_schema", node=DataConfig)
-    cs.store(group="tree", name="tree_schema", node=TreeSpec)
-    cs.store(group="eval", name="eval_schema", node=EvalConfig)
-    cs.store(group="export", name="export_schema", node=ExportConfig)
-    cs.store(group="train", name="train_schema", node=TrainConfig)
-    cs.store(group="deepspeed", name="deepspeed_schema", node=DeepSpeedConfig)
+    cs.store(name="target_schema", node=TargetConfig)
+    cs.store(name="data_schema", node=DataConfig)
+    cs.store(name="tree_schema", node=TreeSpec)
+    cs.store(name="eval_schema", node=EvalConfig)
+    cs.store(name="export_schema", node=ExportConfig)
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="deepspeed_schema", node=DeepSpeedConfig)
     for name, (config_class, _) in HEADS.items():
-        cs.store(group="head", name=f"{name}_schema", node=config_class)
+        cs.store(name=f"{name}_schema", node=config_class)
 
 
 def _unknown_keys(raw: Any, typed: Any, where: str) -> list[str]:

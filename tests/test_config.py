@@ -244,6 +244,11 @@ def test_cli_help_sums_up_each_command_in_a_whole_sentence(
         cli.main(["eval", "eval.limit=3", "--help"])
     out = capsys.readouterr().out
     assert out.startswith("draftsmith eval: every setting below") and "limit: 3" in out
+    # each group lists the presets a user picks, not the schemas they extend
+    listing = out.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    groups = dict(line.split(": ", 1) for line in listing.splitlines()[2:] if line)
+    assert groups["tree"].split(", ") == ["chain", "dynamic", "static"], groups
+    assert not any("schema" in options for options in groups.values()), groups
 
 
 def test_cli_takes_overrides_after_its_flags(
