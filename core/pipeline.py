@@ -37,7 +37,7 @@ def _done(cfg: Config, stage: str) -> bool:
     if stage == "train":
         return Path(cfg.stage_dir("train"), "summary.json").exists()
     if stage == "eval":
-        from draftsmith.inference.eval import changed_settings, eval_tag
+        from draftsmith.inference.results import changed_settings, eval_tag
 
         # measured with this invocation's settings, not only into the folder they name
         results = Path(cfg.stage_dir("eval"), eval_tag(cfg), "results.json")
@@ -165,7 +165,7 @@ def _timings_path(cfg: Config) -> Path:
 def _timing_key(cfg: Config, stage: str) -> str:
     """One entry per output: evals with other settings and exports to other formats differ."""
     if stage == "eval":
-        from draftsmith.inference.eval import eval_tag
+        from draftsmith.inference.results import eval_tag
 
         return f"eval/{eval_tag(cfg)}"
     return f"export/{cfg.export.format}" if stage == "export" else stage
@@ -177,7 +177,7 @@ def _timings(cfg: Config) -> dict[str, float]:
 
 
 def _results(cfg: Config) -> dict:
-    from draftsmith.inference.eval import eval_tag
+    from draftsmith.inference.results import eval_tag
 
     found: dict = {}
     evals = Path(cfg.stage_dir("eval"))

@@ -206,7 +206,7 @@ def made_from(cfg: Config, stage: str) -> str | None:
     if stage == "train":  # recorded when it starts, so its checkpoints have it too
         return _json(Path(cfg.stage_dir("train"), RECORD)).get("inputs")
     if stage == "eval":
-        from draftsmith.inference.eval import eval_tag
+        from draftsmith.inference.results import eval_tag
 
         results = _json(Path(cfg.stage_dir("eval"), eval_tag(cfg), "results.json"))
         return results.get("head", {}).get("made")

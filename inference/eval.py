@@ -17,135 +17,37 @@ served request has them. A tau-only eval (no baselines) can split its conversati
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import multiprocessing
-import os
 import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from draftsmith.conf.schema import Config, EvalConfig
-from draftsmith.conversations import ReadReport, read_conversations, source_digest
-from draftsmith.errors import InputError, MissingInput
-from draftsmith.heads import DraftHead, TargetInfo, TargetParts, load_head
-from draftsmith.heads.vocab import answer_token_counts, frequent_tokens
+from draftsmith.conf.schema import Config
+from draftsmith.conversations import source_digest
+from draftsmith.errors import InputError
+from draftsmith.heads import TargetInfo
 from draftsmith.inference.decoder import STEP_PARTS, DecodeStats, SpecDecoder
+from draftsmith.inference.loading import decoding_head, decoding_target, draft_vocabulary
+from draftsmith.inference.prompts import Setting, benchmark_source, chat_prompt, user_turns
 from draftsmith.inference.report import write_report, write_sweep_summary
+from draftsmith.inference.results import changed_settings, results_dir
 from draftsmith.inference.tree import TreeSpec
 from draftsmith.inference.verify import Sampling, generate_kwargs
-from draftsmith.packed import pack_linears
-from draftsmith.provenance import differences, head_made
+from draftsmith.provenance import head_made
 from draftsmith.target import (
     chat_template_digest,
     compile_target,
-    load_target,
     stop_token_ids,
-    target_name,
     target_tokenizer,
-    torch_dtype,
 )
-from draftsmith.tokenize import ConversationTokenizer, TemplateError
+from draftsmith.tokenize import ConversationTokenizer
 from draftsmith.tracking import Tracker
-
-
-def benchmark_source(cfg: Config) -> str:
-    """Where `eval.benchmark`'s conversations are read from."""
-    source = cfg.eval.benchmark
-    if source == "heldout":
-        source = f"{cfg.input_dir('prepare')}/heldout.jsonl"
-        if not Path(source).exists():
-            raise MissingInput(
-                f"{source}: run `draftsmith prepare run_name={cfg.inputs_from or cfg.run_name}` "
-                "first (it writes the held-out conversations)"
-            )
-    return source
-
-
-@dataclass
-class Setting:
-    """What a benchmark conversation gives every prompt besides its user turns: the system
-    turns before its first user turn and its tools (function schemas); or, `rendered`, that its
-    one turn is already the prompt's text as the template renders it (data.preformatted)."""
-
-    system: list[dict]
-    tools: list[dict] | None
-    rendered: bool = False
-
-
-def user_turns(
-    source: str, limit: int | None = None, rendered: ConversationTokenizer | None = None
-) -> tuple[list[list[str]], list[str], list[Setting], ReadReport]:
-    """User turns of the first `limit` conversations of `source` (file, folder, HF dataset or
-    asset name), each conversation's category ("" where the source names none) and setting,
-    and the read's report: a row that is not a conversation with a user turn is skipped and
-    counted there (printed by the callers, recorded in the results), never dropped unseen.
-    With `rendered` (data.preformatted: the renderer prepare reads rendered rows with), a `text`
-    row is a rendered conversation whose one turn is its text up to where its first reply starts
-    (`ConversationTokenizer.rendered_spans`, as prepare finds it): the prompt of that reply."""
-    conversations, report = read_conversations(source, limit=limit)
-    kept = []
-    for conv in conversations:
-        if rendered is not None and conv.rendered:
-            text = conv.turns[0].content
-            try:
-                start = rendered.rendered_spans(text)[0][0]
-            except TemplateError as err:  # no reply to prompt for: prepare's reason
-                report.skip(conv.label, str(err))
-                continue
-            prompt = dataclasses.replace(conv.turns[0], content=text[:start])
-            conv = dataclasses.replace(conv, turns=[prompt])
-        if not conv.user_prompts():
-            report.skip(conv.label, "no user turn")
-            continue
-        kept.append(conv)
-    conversations = kept
-    report.rows_kept = len(conversations)
-    if not conversations:
-        raise InputError(f"benchmark {source!r} has no usable prompts ({report.summary()})")
-    settings = []
-    for conv in conversations:
-        first_user = next(i for i, t in enumerate(conv.turns) if t.role == "user")
-        system = [t.to_message() for t in conv.turns[:first_user] if t.role == "system"]
-        settings.append(Setting(system, conv.tools, rendered is not None and conv.rendered))
-    turns = [conv.user_prompts() for conv in conversations]
-    return turns, [c.category for c in conversations], settings, report
-
-
-def first_turns(
-    source: str, tokenizer, limit: int | None = None
-) -> tuple[list[list[int]], list[str]]:
-    """First user turn of the first `limit` conversations of `source`, rendered with the target's
-    chat template as the model sees a new chat, and each conversation's category."""
-    turns, categories, settings, report = user_turns(source, limit)
-    if report.skipped:
-        print(report.summary())
-    prompts = [
-        chat_prompt(tokenizer, t[0], s.system, None, s.tools) for t, s in zip(turns, settings)
-    ]
-    return prompts, categories
-
-
-def chat_prompt(
-    tokenizer,
-    text: str,
-    history: list[dict] | None = None,
-    template_kwargs: dict | None = None,
-    tools: list[dict] | None = None,
-    template: str = "auto",
-) -> list[int]:
-    """`text` as the next user turn after `history` (earlier messages; none: a new chat),
-    rendered as prepare renders conversations (`template`: data.template, the target's chat
-    template or "plain" lines; `template_kwargs`: target.chat_template_kwargs; `tools`),
-    ending in the generation prompt."""
-    renderer = ConversationTokenizer(tokenizer, template, template_kwargs=template_kwargs)
-    return renderer.prompt_ids([*(history or []), {"role": "user", "content": text}], tools)
 
 
 def _top2_gap(target, sequence: list[int], position: int) -> float:
@@ -155,40 +57,6 @@ def _top2_gap(target, sequence: list[int], position: int) -> float:
         logits = target(ids).logits[0, -1].float()
     top = logits.topk(2).values
     return float(top[0] - top[1])
-
-
-def decoding_target(cfg: Config) -> tuple[torch.nn.Module, TargetInfo, TargetParts, int]:
-    """The target as every decoding method runs it: loaded in cfg's dtype, its linear weights
-    packed for oneDNN where `target.pack_linears` allows (not with `eval.compile`); returns it,
-    its shapes, its shared parts and the number of packed layers."""
-    target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
-    packed = pack_linears(target) if _packs(cfg) else 0
-    info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
-    return target, info, TargetParts.from_model(target), packed
-
-
-def decoding_head(
-    cfg: Config, head_path: str, info: TargetInfo, parts: TargetParts
-) -> tuple[DraftHead, int]:
-    """The head at `head_path`, bound to the target's parts, frozen, in cfg's dtype and packed as
-    the target is; returns it and the number of packed layers."""
-    head = load_head(head_path, info).to(device=cfg.device, dtype=torch_dtype(cfg.dtype))
-    head.bind(parts).eval().requires_grad_(False)
-    return head, pack_linears(head) if _packs(cfg) else 0
-
-
-def draft_vocabulary(cfg: Config, info: TargetInfo) -> torch.Tensor | None:
-    """`eval.draft_vocab_size` most frequent answer tokens of the run's prepared data [Vd]
-    (target ids), the vocabulary a head drafting through the target's lm_head is cut to; None
-    when unset."""
-    if not cfg.eval.draft_vocab_size:
-        return None
-    counts = answer_token_counts(cfg.input_dir("prepare"), info.vocab_size)
-    return frequent_tokens(counts, cfg.eval.draft_vocab_size)
-
-
-def _packs(cfg: Config) -> bool:
-    return cfg.target.pack_linears and not cfg.eval.compile
 
 
 def machine_info(cfg: Config) -> dict:
@@ -556,88 +424,6 @@ def first_divergence(tokens: list[int], reference: list[int]) -> int:
     """The first position where two outputs differ (or the shorter one's length)."""
     same = (i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b)
     return next(same, min(len(tokens), len(reference)))
-
-
-def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None = None) -> str:
-    """Results folder name: benchmark, tree and draft-vocabulary settings (`tree`, `draft_vocab`:
-    a head's own, else cfg's)."""
-    t = tree or cfg.tree
-    # a benchmark given as a file is named by its stem: the tag is one folder under the run's eval/
-    bench = Path(cfg.eval.benchmark).name.removesuffix(".jsonl").removesuffix(".json")
-    tag = cfg.eval.tag or f"{bench}-{t.kind}-d{t.depth}-k{t.top_k}-n{t.total_tokens}"
-    if t.kind == "static" and t.choices and not cfg.eval.tag:  # its shape is the choices'
-        digest = hashlib.sha256(json.dumps(t.choices).encode()).hexdigest()[:8]
-        depth = max(len(c) for c in t.choices)
-        nodes = len({tuple(c) for c in t.choices}) + 1  # the root and one node per path
-        tag = f"{bench}-static-d{depth}-n{nodes}-choices{digest}"
-    if t.lookup and not cfg.eval.tag:
-        tag += f"-lookup{t.lookup}"
-    if t.adaptive and not cfg.eval.tag:
-        tag += "-adaptive"
-    if cfg.eval.turns == "all" and not cfg.eval.tag:
-        tag += "-allturns"
-    if cfg.eval.temperature > 0 and t.sample_drafts and not cfg.eval.tag:
-        tag += "-drawn"  # children drawn from the head (earlier T > 0 evals took its top k)
-    if cfg.eval.temperature > 0 and t.verify == "traversal" and not cfg.eval.tag:
-        tag += "-traversal"  # whole paths decided at once (at T=0 the same greedy walk)
-    if not cfg.eval.tag:  # another template or its variables, other prompts: other results
-        if cfg.target.chat_template is not None:
-            tag += f"-template{chat_template_digest(cfg.target.chat_template)}"
-        if cfg.data.template == "plain":  # "Role: text" prompts, as prepare rendered the data
-            tag += "-plain"
-        tag += "".join(f"-{k}={v}" for k, v in sorted(cfg.target.chat_template_kwargs.items()))
-        # fewer prompts or tokens than the protocol's (a smoke test) never replace its results
-        e, protocol = cfg.eval, EvalConfig()
-        if e.limit != protocol.limit:
-            tag += f"-limit{'all' if e.limit is None else e.limit}"
-        if e.max_new_tokens != protocol.max_new_tokens:
-            tag += f"-new{e.max_new_tokens}"
-        if e.temperature > 0 and (e.top_p, e.top_k) != (protocol.top_p, protocol.top_k):
-            tag += f"-p{e.top_p:g}-k{e.top_k}"
-        if cfg.imports_head():  # another head's results never replace the run's own head's
-            head = os.path.normpath(cfg.head_path)
-            tag += f"-head{hashlib.sha256(head.encode()).hexdigest()[:8]}"
-    vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
-    tag = f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
-    return tag + ("-compiled" if cfg.eval.compile else "")
-
-
-# eval keys that only place or split the same measurement; every other one (and every tree
-# key) is a setting the numbers depend on
-NOT_MEASURED = ("tag", "heads", "workers")
-
-
-def _benchmark_digest(cfg: Config) -> str | None:
-    """The benchmark file's `source_digest`; None when there is none to read now (a held-out
-    benchmark whose prepared data is gone: made again, the eval is stale by its lineage)."""
-    try:
-        return source_digest(benchmark_source(cfg))
-    except FileNotFoundError:
-        return None
-
-
-def changed_settings(recorded: dict, cfg: Config, tree: TreeSpec, head_path: str) -> list[str]:
-    """Each eval or tree setting (and the head) an earlier results.json (`recorded`) was measured
-    with that this eval's differs in, as "key: before -> now" (`differences`)."""
-    now = {f"eval.{k}": v for k, v in vars(cfg.eval).items() if k not in NOT_MEASURED}
-    now |= {f"tree.{k}": v for k, v in vars(tree).items()}
-    now["head.path"] = os.path.normpath(head_path)
-    if (digest := _benchmark_digest(cfg)) is not None:  # a benchmark file edited in place
-        now["benchmark.sha256"] = digest
-    before = {f"eval.{k}": v for k, v in recorded["eval"].items()}
-    before |= {f"tree.{k}": v for k, v in recorded["tree"].items()}
-    before["head.path"] = os.path.normpath(recorded["head"]["path"])
-    if recorded.get("benchmark_sha256") is not None:  # results before session 75 hold none
-        before["benchmark.sha256"] = recorded["benchmark_sha256"]
-    return differences(before, now)
-
-
-def results_dir(cfg: Config, run: str, tree: TreeSpec, draft_vocab: int) -> Path:
-    """runs/<run>/eval/<tag>: where this eval writes `run`'s results (`draft_vocab` 0: the
-    head's own vocabulary)."""
-    if run != cfg.run_name:  # an `eval.heads` run decodes its own head
-        cfg = dataclasses.replace(cfg, head_path=None)
-    return Path(cfg.runs_dir, run, "eval", Path(eval_tag(cfg, tree, draft_vocab)).name)
 
 
 def run(cfg: Config) -> dict:

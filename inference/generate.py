@@ -33,13 +33,9 @@ from draftsmith.conf.schema import Config
 from draftsmith.conversations import RowError, parse_tools
 from draftsmith.errors import InputError, MissingInput
 from draftsmith.inference.decoder import DecodeStats, SpecDecoder
-from draftsmith.inference.eval import (
-    chat_prompt,
-    decoding_head,
-    decoding_target,
-    draft_vocabulary,
-    first_divergence,
-)
+from draftsmith.inference.eval import first_divergence
+from draftsmith.inference.loading import decoding_head, decoding_target, draft_vocabulary
+from draftsmith.inference.prompts import chat_prompt
 from draftsmith.inference.verify import Sampling, generate_kwargs
 from draftsmith.target import stop_token_ids, target_tokenizer
 

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from draftsmith.inference.attention import tree_attention
-from draftsmith.inference.eval import first_turns
+from draftsmith.inference.prompts import first_turns
 from draftsmith.inference.tree import Tree, build_dynamic_tree
 from draftsmith.inference.verify import Sampling
 from draftsmith.target import cache_kwarg, load_target, load_tokenizer

@@ -317,7 +317,7 @@ def test_presets_take_less_data_where_they_compute_in_fp32(monkeypatch) -> None:
 
 
 def test_eval_folder_names_the_settings_and_stays_under_the_run() -> None:
-    from draftsmith.inference.eval import eval_tag
+    from draftsmith.inference.results import eval_tag
 
     cfg = compose(["eval.benchmark=/data/tune_prompts.jsonl"])
     tag = eval_tag(cfg)

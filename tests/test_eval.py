@@ -12,6 +12,7 @@ import pytest
 
 from draftsmith.config import Config, compose
 from draftsmith.inference import eval as evaluate
+from draftsmith.inference.prompts import benchmark_source
 
 
 def _benchmark(path: Path, rows: list[tuple[str, str]]) -> Path:
@@ -459,7 +460,7 @@ def test_a_missing_heldout_benchmark_names_the_run_that_prepares_it(tmp_path: Pa
     with pytest.raises(
         FileNotFoundError, match="b/prepare/heldout.jsonl: run `draftsmith prepare run_name=b`"
     ):
-        evaluate.benchmark_source(cfg)
+        benchmark_source(cfg)
 
 
 def test_a_tree_inexact_at_the_temperature_is_refused_before_the_target_loads(

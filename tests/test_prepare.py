@@ -166,7 +166,7 @@ def test_replies_are_found_where_a_template_renders_them_otherwise_later(
     still exactly each reply and its end-of-turn marker, the last reply's as the model writes
     it (with the think block thinking mode opens it with); `template_kwargs` (from
     target.chat_template_kwargs) reach every rendering, prompts included."""
-    from draftsmith.inference.eval import chat_prompt
+    from draftsmith.inference.prompts import chat_prompt
 
     tokenizer = load_tokenizer(tiny_tokenizer.name_or_path)
     tokenizer.chat_template = QWEN3
@@ -246,7 +246,7 @@ def test_tool_calls_are_learned_as_the_template_writes_them(tiny_tokenizer) -> N
     text before them, in a prefix-stable template (Qwen2.5's) and in one found in the whole
     rendering (Qwen3's); the schemas reach the template and tool results stay context. A
     template that leaves calls out is a skip reason; `plain` writes them too."""
-    from draftsmith.inference.eval import chat_prompt
+    from draftsmith.inference.prompts import chat_prompt
 
     tokenizer = load_tokenizer(tiny_tokenizer.name_or_path)
     calls = "\n".join(

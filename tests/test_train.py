@@ -23,7 +23,7 @@ from draftsmith.config import compose, save_config
 from draftsmith.errors import MissingInput
 from draftsmith.features import decoder_layers
 from draftsmith.heads.medusa import MedusaHead
-from draftsmith.inference.eval import draft_vocabulary
+from draftsmith.inference.loading import draft_vocabulary
 from draftsmith.train import loop
 from draftsmith.train.data import batch_order
 
