@@ -33,6 +33,7 @@ from draftsmith.inference.verify import (
     accept_greedy,
     accept_sampled,
     accept_traversal,
+    draw,
 )
 from draftsmith.target import cache_kwarg
 
@@ -255,6 +256,28 @@ def test_greedy_acceptance_takes_the_deepest_path_the_target_agrees_with() -> No
         assert path.tolist() == walk and bonus == int(predicted[node])
         depths_seen.add(len(walk) - 1)
     assert depths_seen >= {0, 1, 2, 3}
+
+
+def test_draw_keeps_each_rows_law(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`draw` (every sampled token: bonus tokens, first tokens, regeneration) samples each row of
+    a batch from its own unnormalised mass, never a token of none."""
+    g = torch.Generator().manual_seed(0)
+    mass = torch.tensor([[3.0, 0.0, 1.0, 0.0, 4.0, 0.0], [0.0, 1e-3, 0.0, 0.0, 0.0, 2e-3]])
+    n = 100_000
+    rows = draw(mass.repeat(n, 1), g).view(n, 2)  # [n, 2]
+    for r in range(2):
+        p = mass[r] / mass[r].sum()
+        freq = torch.bincount(rows[:, r], minlength=6) / n
+        assert (freq[p == 0] == 0).all()
+        assert ((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt()).all(), (freq, p)
+    # the extreme uniform draws (0 and torch.rand's largest double) land on the first and the
+    # last token with mass
+    mass = torch.tensor([0.0, 0.1, 0.7, 0.2, 0.0, 0.0])
+    for u, token in ((0.0, 1), (1 - 2**-53, 3)):
+        monkeypatch.setattr(
+            torch, "rand", lambda shape, u=u, **_: torch.full(shape, u, dtype=torch.float64)
+        )
+        assert int(draw(mass)) == token
 
 
 class MarkovTarget:

@@ -28,7 +28,7 @@ from draftsmith.conf.schema import RegenConfig
 from draftsmith.conversations import Conversation, Turn
 from draftsmith.errors import InputError
 from draftsmith.files import write_text_atomic
-from draftsmith.inference.verify import Sampling, generate_kwargs
+from draftsmith.inference.verify import Sampling, draw, generate_kwargs
 from draftsmith.target import cache_kwarg, stop_token_ids
 from draftsmith.tokenize import ConversationTokenizer, TemplateError
 from draftsmith.train.regen_server import ServerClient, ServerError
@@ -94,7 +94,7 @@ def _generate_dropping(target, tokenizer, prompts: list[list[int]], cfg: RegenCo
             .float()
         )  # [b, V]
         if not sampling.greedy:
-            token = torch.multinomial(sampling.probs(logits), 1).squeeze(1)  # [b]
+            token = draw(sampling.probs(logits))  # [b]
         else:
             token = logits.argmax(-1)  # [b]
         for row, t in zip(rows.tolist(), token.tolist()):
