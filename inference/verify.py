@@ -92,6 +92,8 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
     step (51.6 against 10.5 ms for regeneration's 32 rows)."""
     cdf = probs.double().cumsum(-1)  # [..., V]
     total = cdf[..., -1:]  # [..., 1]
+    if not bool((total > 0).all()):  # what torch.multinomial refuses too: no mass, or NaN logits
+        raise ValueError(f"cannot draw from probabilities summing to {total.flatten().tolist()}")
     u = torch.rand(total.shape, dtype=torch.float64, generator=generator)  # [..., 1] in [0, 1)
     # the first token whose cumulative mass passes u * total, a token of no mass never; u is at
     # most 1 - 2^-53, so u * total rounds below total and every row finds one

@@ -270,6 +270,8 @@ def test_draw_keeps_each_rows_law(monkeypatch: pytest.MonkeyPatch) -> None:
         freq = torch.bincount(rows[:, r], minlength=6) / n
         assert (freq[p == 0] == 0).all()
         assert ((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt()).all(), (freq, p)
+    with pytest.raises(ValueError, match="summing to"):  # NaN logits' probabilities
+        draw(torch.tensor([[0.5, 0.5], [float("nan"), 1.0]]))
     # the extreme uniform draws (0 and torch.rand's largest double) land on the first and the
     # last token with mass
     mass = torch.tensor([0.0, 0.1, 0.7, 0.2, 0.0, 0.0])
