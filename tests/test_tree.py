@@ -260,7 +260,8 @@ def test_greedy_acceptance_takes_the_deepest_path_the_target_agrees_with() -> No
 
 def test_draw_keeps_each_rows_law(monkeypatch: pytest.MonkeyPatch) -> None:
     """`draw` (every sampled token: bonus tokens, first tokens, regeneration) samples each row of
-    a batch from its own unnormalised mass, never a token of none."""
+    a batch from its own unnormalised mass, never a token of none, the extreme uniform draws
+    included; a row without mass (NaN logits) is refused."""
     g = torch.Generator().manual_seed(0)
     mass = torch.tensor([[3.0, 0.0, 1.0, 0.0, 4.0, 0.0], [0.0, 1e-3, 0.0, 0.0, 0.0, 2e-3]])
     n = 100_000
