@@ -387,6 +387,7 @@ def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str], monkeypat
         )
         assert result.returncode == 0, result.stderr[-3000:]
         assert "FutureWarning" not in result.stderr  # DeepSpeed's use of a renamed torch collective
+        assert "built successfully" not in result.stdout  # DeepSpeed's op-built line, per rank
     if "deepspeed=zero2" in optimizer:
         summary = json.loads(Path(runs_dir(run_overrides), two, "summary.json").read_text())
         assert summary["train"]["steps"] == 3
@@ -605,11 +606,11 @@ def test_non_finite_loss_stops_or_skips(run_overrides, monkeypatch) -> None:
     assert sum(r.get("train/skipped", 0) for r in rows) == 1
 
 
-def test_each_cuda_rank_takes_its_own_gpu(monkeypatch) -> None:
+def test_each_cuda_rank_takes_its_own_gpu(monkeypatch, capsys) -> None:
     """Under a launcher, rank r of a CUDA run makes GPU LOCAL_RANK its current device before
     joining NCCL, so its target, head and every tensor made on "cuda" land on its own GPU
     (without it every rank would load its target onto GPU 0). No GPU here: the calls are
-    recorded, not made."""
+    recorded, not made. Of what DeepSpeed prints while joining, its op-built line is dropped."""
     import deepspeed
     import torch.distributed as dist
 
@@ -621,11 +622,12 @@ def test_each_cuda_rank_takes_its_own_gpu(monkeypatch) -> None:
     monkeypatch.setattr(dist, "get_world_size", lambda: 4)
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.setdefault("gpu", index))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(
-        deepspeed,
-        "init_distributed",
-        lambda dist_backend, verbose: calls.setdefault("backend", dist_backend),
-    )
+
+    def init(dist_backend: str, verbose: bool) -> None:
+        calls.setdefault("backend", dist_backend)
+        print("DeepSpeed deepspeed_shm_comm_op built successfully\nno shm for this backend")
+
+    monkeypatch.setattr(deepspeed, "init_distributed", init)
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert engine.init_distributed("cuda") == (3, 4)
@@ -633,6 +635,7 @@ def test_each_cuda_rank_takes_its_own_gpu(monkeypatch) -> None:
     calls.clear()
     assert engine.init_distributed("cpu") == (3, 4)
     assert calls == {"backend": "gloo"}  # a CPU run picks no GPU
+    assert capsys.readouterr().out == "no shm for this backend\n" * 2
 
 
 def test_resume_restores_the_gpu_generator_too(monkeypatch) -> None:

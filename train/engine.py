@@ -9,11 +9,12 @@ deleted.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import shutil
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from functools import partial
 from pathlib import Path
 
@@ -46,7 +47,16 @@ def init_distributed(device: str) -> tuple[int, int]:
             # one GPU per rank: "cuda" then means this rank's GPU for the target, the head and
             # every tensor made on "cuda" (else every rank would load its target onto GPU 0)
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+        # on a CPU every rank prints "DeepSpeed deepspeed_shm_comm_op built successfully",
+        # unconditionally: a line per rank no user can act on; anything else it says passes
+        said = io.StringIO()
+        try:
+            with redirect_stdout(said):
+                deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+        finally:  # a failed join's messages too
+            for line in said.getvalue().splitlines():
+                if not line.endswith(" built successfully"):
+                    print(line)
         # DeepSpeed's ZeRO gathers call the collective torch renamed (all_gather_single): a
         # warning per rank that its users cannot act on
         warnings.filterwarnings(
