@@ -19,7 +19,7 @@ def decoding_target(cfg: Config) -> tuple[torch.nn.Module, TargetInfo, TargetPar
     packed for oneDNN where `target.pack_linears` allows (not with `eval.compile`); returns it,
     its shapes, its shared parts and the number of packed layers."""
     target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
-    packed = pack_linears(target) if packs(cfg) else 0
+    packed = pack_linears(target) if _packs(cfg) else 0
     info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
     return target, info, TargetParts.from_model(target), packed
 
@@ -31,7 +31,7 @@ def decoding_head(
     the target is; returns it and the number of packed layers."""
     head = load_head(head_path, info).to(device=cfg.device, dtype=torch_dtype(cfg.dtype))
     head.bind(parts).eval().requires_grad_(False)
-    return head, pack_linears(head) if packs(cfg) else 0
+    return head, pack_linears(head) if _packs(cfg) else 0
 
 
 def draft_vocabulary(cfg: Config, info: TargetInfo) -> torch.Tensor | None:
@@ -44,7 +44,7 @@ def draft_vocabulary(cfg: Config, info: TargetInfo) -> torch.Tensor | None:
     return frequent_tokens(counts, cfg.eval.draft_vocab_size)
 
 
-def packs(cfg: Config) -> bool:
+def _packs(cfg: Config) -> bool:
     """Whether decoding packs linear weights: `target.pack_linears`, except under
     `eval.compile` (inductor cannot lower packed weights; its freezing packs its own)."""
     return cfg.target.pack_linears and not cfg.eval.compile
