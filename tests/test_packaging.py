@@ -7,10 +7,12 @@ name, so a config group or module missing there would only fail on a user's mach
 """
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import requires
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,3 +85,10 @@ def test_import_direction() -> None:
                     continue
                 for name in names:
                     assert not name.startswith(forbidden), f"{folder}/{path.name} imports {name}"
+
+
+def test_every_dependency_has_a_floor() -> None:
+    """scripts/floors.sh tests the floors by pinning each `name>=x` to `name==x`: a dependency
+    without one would float there, untested at its lowest."""
+    deps = [d for d in requires("draftsmith") or [] if "extra ==" not in d]  # as pip reads them
+    assert deps and all(re.fullmatch(r"[A-Za-z0-9_.-]+>=[0-9][0-9.]*", d) for d in deps), deps
