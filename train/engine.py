@@ -26,8 +26,18 @@ from draftsmith.files import write_text_atomic
 from draftsmith.target import check_device
 
 
+def name_accelerator(device: str) -> None:
+    """Tell DeepSpeed, before it is imported here or in the processes started from here, that a
+    training on the CPU runs on the CPU. It picks its accelerator at import: a GPU if it sees
+    one (a CPU training on a GPU machine would be placed there), else the CPU with a warning
+    that it found none. A user's own DS_ACCELERATOR stays."""
+    if not device.startswith("cuda"):
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def init_distributed(device: str) -> tuple[int, int]:
     """Join (or create) the process group; returns (rank, world size)."""
+    name_accelerator(device)
     import deepspeed
     import torch.distributed as dist
 

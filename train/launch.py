@@ -19,7 +19,7 @@ from draftsmith.config import save_config
 from draftsmith.errors import MissingInput
 from draftsmith.provenance import check_unchanged, stale, upstream
 from draftsmith.train import loop
-from draftsmith.train.engine import free_port
+from draftsmith.train.engine import free_port, name_accelerator
 
 
 def run(cfg: Config) -> dict:
@@ -44,6 +44,7 @@ def run(cfg: Config) -> dict:
     # command line, from `draftsmith run` or from Python
     launch_config = out / "launch.yaml"
     save_config(replace(cfg, stage="train", launcher="none"), launch_config)
+    name_accelerator(cfg.device)  # for this process's and its ranks' `import deepspeed`
     code = _launch(cfg.nproc, launch_config)
     if code != 0:
         raise SystemExit(f"draftsmith train: its ranks failed (exit code {code}), saying why above")
