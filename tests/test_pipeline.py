@@ -231,6 +231,9 @@ def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path) ->
     common = [f"runs_dir={tmp_path}/runs", "experiment=tiny", f"data.path={data}"]
     common += ["train.max_steps=2", "eval.limit=1", "eval.max_new_tokens=4"]
     common += ["eval.baselines=[]", "export=sglang", "tracking=none"]
+    prompts = tmp_path / "prompts.jsonl"  # its own benchmark: the fast suite fetches no asset
+    prompts.write_text(json.dumps({"prompt": "Say 1 twice."}) + "\n")
+    common += [f"eval.benchmark={prompts}"]
     out = tmp_path / "runs" / "tiny"
 
     def statuses(*extra: str) -> list[str]:
