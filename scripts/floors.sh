@@ -3,6 +3,7 @@
 # dependency at the lowest version its `>=` allows, then run the tests there. A floor no
 # test has run is a guess: pip would install it beside draftsmith and the user would meet the
 # ImportError. Usage: scripts/floors.sh [pytest args]   (the fast suite by default)
+# PYTHON picks the interpreter (python3 by default): test on the oldest `requires-python` admits.
 # torch's floor comes from PyPI as a CUDA build (~3.5 GB with its NVIDIA libraries); it runs on
 # the CPU too.
 set -euo pipefail
