@@ -11,9 +11,9 @@ import pytest
 
 # Allocates and frees a 40 MB tensor (above glibc's 32 MB mmap ceiling) 30 times and prints the
 # median minor page faults of the last 20 rounds: ~10k (every 4 KB page, every round) when each
-# is a fresh mmap. The median, as a round that now and then finds its block taken by smaller
-# allocations and grows the heap once (one round in 20, seen on Python 3.13) is not the cost
-# measured here: paying it every round.
+# is a fresh mmap. The median, not the mean: now and then one round finds its freed block taken
+# by smaller allocations and grows the heap once (seen on Python 3.13), which is not the cost
+# guarded here, a fresh block every round.
 SCRIPT = """
 import resource, statistics, sys, torch
 if sys.argv[1] == "reuse":
