@@ -49,6 +49,7 @@ from draftsmith.target import load_config, load_target, target_name
 from draftsmith.tracking import Tracker
 from draftsmith.train import engine as ds
 from draftsmith.train.data import OnlineRows, ShardRows, batch_order, collate, online_batch
+from draftsmith.train.ema import WeightAverage
 from draftsmith.train.plots import plot_training
 
 STOPPED = "stopped.json"  # in train/: a time-boxed training's result (steps, earlier seconds)
@@ -218,6 +219,9 @@ def run(cfg: Config) -> dict:
         # checkpoints would be resumed as this one's
         for old in (out / "summary.json", ckpt / "latest"):
             old.unlink(missing_ok=True)
+    average = WeightAverage(engine.module, t.ema_decay) if t.ema_decay else None
+    if average and cfg.resume:
+        average.load_state_dict(state["ema"])
     tracker = Tracker(out, cfg.tracking, cfg.run_name, cfg, step) if rank == 0 else None
     bar = tqdm(total=total, initial=step, desc=f"train {head.name}", disable=rank != 0)
     window: dict[str, float] = {}
@@ -245,6 +249,8 @@ def run(cfg: Config) -> dict:
                 "train.nan_policy=skip skips such batches"
             ) from None
         step += 1
+        if average:
+            average.update()
         tokens += sum(int(b.valid().sum()) for b in batches) * world
         for k, v in metrics.items():
             window[k] = window.get(k, 0.0) + v
@@ -261,17 +267,21 @@ def run(cfg: Config) -> dict:
                 tracker.log(logged, step)
             history.append({"step": step, **logged})
         if step % t.eval_every == 0 or step == total:
-            held = evaluate(engine, heldout_rows, cfg, heldout_batch)
+            with averaged(average):
+                held = evaluate(engine, heldout_rows, cfg, heldout_batch)
             history.append({"step": step, **held})
             if tracker:
                 tracker.log(held, step)
             if held["heldout/sim_tau"] > best:
                 best = held["heldout/sim_tau"]
-                save_head(engine, head, out / "best", rank)
+                with averaged(average):
+                    save_head(engine, head, out / "best", rank)
         if step % t.save_every == 0 or step in (total, stop):
             seconds = earlier + time.perf_counter() - started
             rng = _gather(rng_state(cfg.device), world)
             state = {"step": step, "best": best, "rng": rng, "seconds": seconds}
+            if average:
+                state["ema"] = average.state_dict()
             last_good = ds.save_checkpoint(engine, ckpt, step, state, t.keep_last, rank)
     bar.close()
     if step < total:  # time-boxed: the checkpoint above is the state to resume from
@@ -280,7 +290,8 @@ def run(cfg: Config) -> dict:
             write_text_atomic(out / STOPPED, json.dumps(stopped))
         ds.barrier()
         return stopped
-    save_head(engine, head, out / "head", rank)
+    with averaged(average):
+        save_head(engine, head, out / "head", rank)
     summary = {
         "made": new_id(),  # what eval and export read, named (provenance); its inputs: settings
         "steps": step,
@@ -339,6 +350,11 @@ def _gather(obj, world: int) -> list:
     out = [None] * world
     dist.all_gather_object(out, obj)
     return out
+
+
+def averaged(average: WeightAverage | None):
+    """The weight average swapped in (`train.ema_decay`), or the raw weights."""
+    return average.swapped_in() if average else contextlib.nullcontext()
 
 
 def save_head(engine, head: DraftHead, folder: Path, rank: int) -> None:
