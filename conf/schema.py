@@ -252,9 +252,6 @@ class TrainConfig:
     # real tokens (user turns and templates too: the target's features and top-1 exist there as
     # well). Held-out evaluation always scores assistant tokens.
     loss_on: str = "assistant"
-    # evaluate and keep an exponential moving average of the weights with this decay per
-    # optimizer step (0 = off; the raw weights). ZeRO 0-2 (every rank holds the whole head)
-    ema_decay: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.source, ("offline", "online"), "train.source")
@@ -273,7 +270,6 @@ class TrainConfig:
         for name in ("beta1", "beta2", "muon_momentum"):
             _fraction(f"train.{name}", getattr(self, name), below_one=True)
         _fraction("train.min_lr_ratio", self.min_lr_ratio)
-        _fraction("train.ema_decay", self.ema_decay, below_one=True)
 
 
 @dataclass
@@ -460,11 +456,6 @@ class Config:
                 f"{self.train.grad_clip} would clip the update itself (on the quick preset "
                 "held-out simulated tau fell from 1.46 to 1.22); use deepspeed=zero0 (a head's "
                 "optimizer state fits every rank) or train.grad_clip=0"
-            )
-        if self.train.ema_decay and self.deepspeed.zero_stage == 3:
-            raise InputError(
-                f"train.ema_decay={self.train.ema_decay} with deepspeed.zero_stage=3: the "
-                "average is kept of whole weights, which ZeRO-3 partitions; use ZeRO 0-2"
             )
         # checked here, not at eval time, so `draftsmith run` refuses it before hours of training
         if self.eval.draft_vocab_size and not self.head.drafts_with_target_lm_head:

@@ -658,29 +658,3 @@ def test_resume_restores_the_gpu_generator_too(monkeypatch) -> None:
     restore_rng(saved)
     assert torch.equal(torch.rand(3), cpu) and random.random() == python
     assert gpu["state"].tolist() == [1, 2, 3]
-
-
-def test_weight_average_follows_its_decay_and_swaps_back() -> None:
-    """The average moves by 1 - d_t toward the weights (d_t warmed up to the decay), evaluation
-    reads it inside `swapped_in`, and the raw weights come back after, an error included."""
-    from draftsmith.train.ema import WeightAverage
-
-    layer = torch.nn.Linear(2, 1, bias=False)
-    with torch.no_grad():
-        layer.weight.fill_(0.0)
-    average = WeightAverage(layer, decay=0.5)
-    expected = 0.0
-    for t, value in enumerate([1.0, 2.0, 3.0, 4.0]):
-        with torch.no_grad():
-            layer.weight.fill_(value)
-        average.update()
-        d = min(0.5, (1 + t) / (10 + t))
-        expected = d * expected + (1 - d) * value
-    assert average.average["weight"].flatten().tolist() == pytest.approx([expected, expected])
-    with pytest.raises(RuntimeError), average.swapped_in():
-        assert layer.weight.flatten().tolist() == pytest.approx([expected, expected])
-        raise RuntimeError
-    assert layer.weight.tolist() == [[4.0, 4.0]]
-    copy = WeightAverage(torch.nn.Linear(2, 1, bias=False), decay=0.5)
-    copy.load_state_dict(average.state_dict())
-    assert copy.step == 4 and torch.equal(copy.average["weight"], average.average["weight"])

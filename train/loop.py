@@ -49,7 +49,6 @@ from draftsmith.target import load_config, load_target, target_name
 from draftsmith.tracking import Tracker
 from draftsmith.train import engine as ds
 from draftsmith.train.data import OnlineRows, ShardRows, batch_order, collate, online_batch
-from draftsmith.train.ema import WeightAverage
 from draftsmith.train.plots import plot_training
 
 STOPPED = "stopped.json"  # in train/: a time-boxed training's result (steps, earlier seconds)
@@ -219,9 +218,6 @@ def run(cfg: Config) -> dict:
         # checkpoints would be resumed as this one's
         for old in (out / "summary.json", ckpt / "latest"):
             old.unlink(missing_ok=True)
-    average = WeightAverage(engine.module, t.ema_decay) if t.ema_decay else None
-    if average and cfg.resume:
-        average.load_state_dict(state["ema"])
     tracker = Tracker(out, cfg.tracking, cfg.run_name, cfg, step) if rank == 0 else None
     bar = tqdm(total=total, initial=step, desc=f"train {head.name}", disable=rank != 0)
     window: dict[str, float] = {}
@@ -249,8 +245,6 @@ def run(cfg: Config) -> dict:
                 "train.nan_policy=skip skips such batches"
             ) from None
         step += 1
-        if average:
-            average.update()
         tokens += sum(int(b.valid().sum()) for b in batches) * world
         for k, v in metrics.items():
             window[k] = window.get(k, 0.0) + v
@@ -267,21 +261,17 @@ def run(cfg: Config) -> dict:
                 tracker.log(logged, step)
             history.append({"step": step, **logged})
         if step % t.eval_every == 0 or step == total:
-            with averaged(average):
-                held = evaluate(engine, heldout_rows, cfg, heldout_batch)
+            held = evaluate(engine, heldout_rows, cfg, heldout_batch)
             history.append({"step": step, **held})
             if tracker:
                 tracker.log(held, step)
             if held["heldout/sim_tau"] > best:
                 best = held["heldout/sim_tau"]
-                with averaged(average):
-                    save_head(engine, head, out / "best", rank)
+                save_head(engine, head, out / "best", rank)
         if step % t.save_every == 0 or step in (total, stop):
             seconds = earlier + time.perf_counter() - started
             rng = _gather(rng_state(cfg.device), world)
             state = {"step": step, "best": best, "rng": rng, "seconds": seconds}
-            if average:
-                state["ema"] = average.state_dict()
             last_good = ds.save_checkpoint(engine, ckpt, step, state, t.keep_last, rank)
     bar.close()
     if step < total:  # time-boxed: the checkpoint above is the state to resume from
@@ -290,8 +280,7 @@ def run(cfg: Config) -> dict:
             write_text_atomic(out / STOPPED, json.dumps(stopped))
         ds.barrier()
         return stopped
-    with averaged(average):
-        save_head(engine, head, out / "head", rank)
+    save_head(engine, head, out / "head", rank)
     summary = {
         "made": new_id(),  # what eval and export read, named (provenance); its inputs: settings
         "steps": step,
@@ -350,11 +339,6 @@ def _gather(obj, world: int) -> list:
     out = [None] * world
     dist.all_gather_object(out, obj)
     return out
-
-
-def averaged(average: WeightAverage | None):
-    """The weight average swapped in (`train.ema_decay`), or the raw weights."""
-    return average.swapped_in() if average else contextlib.nullcontext()
 
 
 def save_head(engine, head: DraftHead, folder: Path, rank: int) -> None:
