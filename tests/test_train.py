@@ -94,7 +94,9 @@ def test_memory_savers_train_the_same_curve(run_overrides) -> None:
     train.gradient_checkpointing=true recomputes each layer in backward: EAGLE-3's unrolled
     steps failed there ("Recomputed values ... have different metadata"), the list of earlier
     steps' keys having grown since. Neither changes the arithmetic: the same loss curve. Muon
-    (unclipped, as ZeRO 1-3 take it) offloaded trains its curve too."""
+    (unclipped, as ZeRO 1-3 take it) offloaded trains its curve too. ZeRO 0 trains the same curve
+    and logs the same gradient norm before clipping (DeepSpeed keeps none there: read before
+    its step, after which the gradients are clipped and zeroed)."""
     common = [*run_overrides, "inputs_from=t", "train.max_steps=4", "train.log_every=1"]
     common += ["deepspeed=zero2", "train.save_every=1000"]
     muon = ["train.optimizer=muon", "train.grad_clip=0"]
@@ -105,14 +107,21 @@ def test_memory_savers_train_the_same_curve(run_overrides) -> None:
         "recomputed": ["train.gradient_checkpointing=true"],
         "muon": muon,
         "muon_offloaded": [*muon, *offloaded],
+        "zero0": ["deepspeed=zero0"],
     }
     for name, overrides in savers.items():
         loop.run(compose([*common, f"run_name={name}", *overrides]))
     root = runs_dir(run_overrides)
     plain = losses(root, "in_place")
     assert len(plain) == 4 and HEAD[2] == "head.ttt_steps=2"  # an unrolled step to recompute
-    for name in ("offloaded", "recomputed"):
+    for name in ("offloaded", "recomputed", "zero0"):
         assert losses(root, name) == pytest.approx(plain, rel=1e-5), name
+    norms = losses(root, "in_place", "train/grad_norm")
+    assert norms.keys() == plain.keys()
+    # above train.grad_clip (0.5): the norm before clipping, not after
+    assert all(v > 0.5 for v in norms.values())
+    for name in ("offloaded", "zero0"):
+        assert losses(root, name, "train/grad_norm") == pytest.approx(norms, rel=1e-5), name
     assert losses(root, "muon") != plain
     # Muon's Newton-Schulz iterations run in bf16: the offloaded copies' other summation order
     # grows to ~5e-5 by step 4
@@ -532,8 +541,9 @@ def test_wandb_offline_run_files(run_overrides, monkeypatch) -> None:
     ids = {run_id.match(run.name)[1] for run in runs}
     assert len(runs) == 2 and len(ids) == 1, runs
     data = b"".join(f.read_bytes() for run in runs for f in run.glob("*.wandb"))
-    for key in (b"train/loss", b"train/acc_0", b"heldout/sim_tau", b"tokens_per_second", b"lr"):
-        assert key in data
+    keys = ("train/loss", "train/acc_0", "train/grad_norm", "heldout/sim_tau", "tokens_per_second")
+    for key in (*keys, "lr"):
+        assert key.encode() in data
     loop.run(compose(common))
     runs = list((Path(runs_dir(run_overrides)) / "wb/train/wandb").glob("offline-run-*"))
     assert len({run_id.match(run.name)[1] for run in runs}) == 2
@@ -552,7 +562,8 @@ def test_tensorboard_event_files(run_overrides, monkeypatch) -> None:
     loop.run(compose([*common, "resume=true"]))
     out = Path(runs_dir(run_overrides)) / "tb" / "train"
     events = EventAccumulator(str(out / "tensorboard")).Reload()
-    for key in ("train/loss", "train/acc_0", "heldout/sim_tau", "tokens_per_second", "lr"):
+    keys = ("train/loss", "train/acc_0", "train/grad_norm", "heldout/sim_tau", "tokens_per_second")
+    for key in (*keys, "lr"):
         logged = losses(runs_dir(run_overrides), "tb", key)
         assert [e.step for e in events.Scalars(key)] == [1, 2, 3, 4], key
         assert {e.step: e.value for e in events.Scalars(key)} == pytest.approx(logged), key

@@ -61,9 +61,11 @@ class NonFiniteLoss(RuntimeError):
 def train_step(
     engine, batches: list[HeadBatch], nan_policy: str = "stop", precision=contextlib.nullcontext
 ) -> dict[str, float]:
-    """One optimizer step over `batches` (this rank's micro-batches). Returns mean metrics."""
+    """One optimizer step over `batches` (this rank's micro-batches). Returns mean metrics and,
+    when every micro-batch counted, `grad_norm`: the gradients' global 2-norm before clipping."""
     sums: dict[str, float] = {}
     used = 0
+    norm = None
     for batch in batches:
         with precision():
             loss, metrics = engine(batch)
@@ -72,11 +74,18 @@ def train_step(
                 raise NonFiniteLoss(f"non-finite loss {loss.item()}")
             continue  # every rank skips this micro-batch together
         engine.backward(loss)
+        if engine.is_gradient_accumulation_boundary():
+            norm = ds.grad_norm_before_step(engine)
         engine.step()
         used += 1
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + v
-    return {k: v / max(used, 1) for k, v in sums.items()} | {"skipped": len(batches) - used}
+    means = {k: v / max(used, 1) for k, v in sums.items()} | {"skipped": len(batches) - used}
+    if used == len(batches):
+        norm = ds.grad_norm_after_step(engine, norm)
+        if norm is not None:
+            means["grad_norm"] = norm
+    return means
 
 
 @torch.no_grad()
@@ -220,7 +229,8 @@ def run(cfg: Config) -> dict:
             old.unlink(missing_ok=True)
     tracker = Tracker(out, cfg.tracking, cfg.run_name, cfg, step) if rank == 0 else None
     bar = tqdm(total=total, initial=step, desc=f"train {head.name}", disable=rank != 0)
-    window: dict[str, float] = {}
+    window: dict[str, float] = {}  # metric sums over the steps since the last log
+    steps_with: dict[str, int] = {}
     tokens, t0, last_good = 0, time.perf_counter(), None
     started = t0
     history: list[dict] = []
@@ -248,13 +258,19 @@ def run(cfg: Config) -> dict:
         tokens += sum(int(b.valid().sum()) for b in batches) * world
         for k, v in metrics.items():
             window[k] = window.get(k, 0.0) + v
+            steps_with[k] = steps_with.get(k, 0) + 1
         bar.update(1)
         if step % t.log_every == 0 or step == total:
-            n = t.log_every if step % t.log_every == 0 else step % t.log_every
-            logged = {f"train/{k}": v / n for k, v in window.items() if not k.startswith("count")}
+            # each metric's mean over the steps that had it (a step whose micro-batches were all
+            # skipped has no loss, one that skipped any has no gradient norm)
+            logged = {
+                f"train/{k}": v / steps_with[k]
+                for k, v in window.items()
+                if not k.startswith("count")
+            }
             logged["lr"] = engine.get_lr()[0]  # with Muon, its matrices' group
             logged["tokens_per_second"] = tokens / (time.perf_counter() - t0)
-            window, tokens, t0 = {}, 0, time.perf_counter()
+            window, steps_with, tokens, t0 = {}, {}, 0, time.perf_counter()
             loss = logged.get("train/loss", float("nan"))  # nan: every batch was skipped
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{logged['tokens_per_second']:.0f}")
             if tracker:
