@@ -307,7 +307,7 @@ def run(cfg: Config) -> dict:
     if rank == 0:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         (out / STOPPED).unlink(missing_ok=True)  # an earlier invocation's stop, finished now
-        plot_training(out / "metrics.jsonl", out / "training.png")
+        plot_training(out / "metrics.jsonl", out / "training.png", t.grad_clip)
         tracker.artifact(out / "head", f"{cfg.run_name}-{head.name}")
         tracker.finish()
         print(f"train: {summary}")
