@@ -212,22 +212,20 @@ def all_ranks_finite(loss: torch.Tensor) -> bool:
 CHECKPOINT = "step_"  # a checkpoint's tag: CHECKPOINT + its step, 8 digits
 
 
-def grad_norm_before_step(engine) -> float | None:
-    """ZeRO 0: the 2-norm of the gradients on the parameters (all-reduced in the boundary's
-    backward, so the same on every rank), read before `engine.step()` clips them, as DeepSpeed
-    keeps no record of it there. None under ZeRO 1-3, whose gradients live in partitions."""
-    if engine.zero_optimization_stage() > 0:
-        return None
-    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-    return float(torch.nn.utils.get_total_norm(grads)) if grads else None
-
-
-def grad_norm_after_step(engine, before: float | None) -> float | None:
-    """The optimizer step's gradient norm before clipping: `before` (ZeRO 0), else the one the
-    ZeRO optimizer computed over every rank's partition (None where it computes none)."""
-    if before is not None:
-        return before
-    norm = engine.get_global_grad_norm()
+def step(engine) -> float | None:
+    """`engine.step()`; at a gradient accumulation boundary, returns the gradients' global 2-norm
+    before clipping (None where DeepSpeed computes none). ZeRO 1-3 keep the norm their optimizer
+    computed over every rank's partition; ZeRO 0 keeps none, so it is read from the gradients on
+    the parameters (all-reduced in the boundary's backward: the same on every rank) before the
+    step clips and zeroes them."""
+    boundary = engine.is_gradient_accumulation_boundary()
+    norm = None
+    if boundary and engine.zero_optimization_stage() == 0:
+        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else None
+    engine.step()
+    if boundary and norm is None:
+        norm = engine.get_global_grad_norm()
     return None if norm is None else float(norm)
 
 

@@ -74,17 +74,13 @@ def train_step(
                 raise NonFiniteLoss(f"non-finite loss {loss.item()}")
             continue  # every rank skips this micro-batch together
         engine.backward(loss)
-        if engine.is_gradient_accumulation_boundary():
-            norm = ds.grad_norm_before_step(engine)
-        engine.step()
+        norm = ds.step(engine)  # a number after the step's last micro-batch
         used += 1
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + v
     means = {k: v / max(used, 1) for k, v in sums.items()} | {"skipped": len(batches) - used}
-    if used == len(batches):
-        norm = ds.grad_norm_after_step(engine, norm)
-        if norm is not None:
-            means["grad_norm"] = norm
+    if used == len(batches) and norm is not None:
+        means["grad_norm"] = norm
     return means
 
 
