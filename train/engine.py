@@ -218,13 +218,15 @@ def step(engine) -> float | None:
     computed over every rank's partition; ZeRO 0 keeps none, so it is read from the gradients on
     the parameters (all-reduced in the boundary's backward: the same on every rank) before the
     step clips and zeroes them."""
-    boundary = engine.is_gradient_accumulation_boundary()
-    norm = None
-    if boundary and engine.zero_optimization_stage() == 0:
+    if not engine.is_gradient_accumulation_boundary():
+        engine.step()
+        return None
+    if engine.zero_optimization_stage() == 0:
         grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else None
-    engine.step()
-    if boundary and norm is None:
+        engine.step()
+    else:
+        engine.step()
         norm = engine.get_global_grad_norm()
     return None if norm is None else float(norm)
 
