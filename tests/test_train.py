@@ -88,7 +88,7 @@ def test_features_of_other_layers_are_refused_naming_the_ways_on(run_overrides) 
     assert f"head.aux_layers={collected}" in str(err.value)
 
 
-def test_memory_savers_train_the_same_curve(run_overrides) -> None:
+def test_memory_savers_train_the_same_curve(run_overrides, monkeypatch) -> None:
     """deepspeed.offload_optimizer=true keeps the optimizer state in CPU memory (ZeRO 1-3):
     DeepSpeed refused our AdamW there ("ZeRO-Offload with a client provided optimizer").
     train.gradient_checkpointing=true recomputes each layer in backward: EAGLE-3's unrolled
@@ -96,7 +96,18 @@ def test_memory_savers_train_the_same_curve(run_overrides) -> None:
     steps' keys having grown since. Neither changes the arithmetic: the same loss curve. Muon
     (unclipped, as ZeRO 1-3 take it) offloaded trains its curve too. ZeRO 0 trains the same curve
     and logs the same gradient norm before clipping (DeepSpeed keeps none there: read before
-    its step, after which the gradients are clipped and zeroed)."""
+    its step, after which the gradients are clipped and zeroed). Muon's Adam half is torch's
+    AdamW, in place and offloaded: DeepSpeed's FusedAdam and CPUAdam are C++ ops it would
+    build on first use (~45 s each on 2 cores)."""
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    load = OpBuilder.load
+
+    def no_adam_op(builder: OpBuilder, *args, **kwargs):
+        assert "adam" not in builder.name, f"DeepSpeed built {builder.name}"
+        return load(builder, *args, **kwargs)
+
+    monkeypatch.setattr(OpBuilder, "load", no_adam_op)
     common = [*run_overrides, "inputs_from=t", "train.max_steps=4", "train.log_every=1"]
     common += ["deepspeed=zero2", "train.save_every=1000"]
     muon = ["train.optimizer=muon", "train.grad_clip=0"]

@@ -163,6 +163,9 @@ def build_engine(head: torch.nn.Module, cfg: Config, total_steps: int):
                 "weight_decay": t.weight_decay,
                 "momentum": t.muon_momentum,
                 "ns_method": t.muon_ns_method,
+                # the Adam half runs torch's AdamW: DeepSpeed's own (FusedAdam, or CPUAdam when
+                # offloaded) are C++ ops built on first use, ~45 s each on 2 cores
+                "torch_adam": True,
             },
         }
         optimizer = None  # DeepSpeed builds it, then the schedule over it
