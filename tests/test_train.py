@@ -417,7 +417,7 @@ def test_two_ranks_match_one_rank(run_overrides, optimizer: list[str], monkeypat
         for name in RANK_ENV:  # set by the in-process trainings before it
             monkeypatch.delenv(name, raising=False)
         assert launch.run(compose([*common, *launched]))["steps"] == 3
-    assert _shm_buffers() <= buffers  # the ranks' 64 MiB buffers are gone with them
+    assert _shm_buffers() <= buffers  # no rank leaves a 64 MiB buffer behind
     root = Path(runs_dir(run_overrides))
     ranks = {n: load_file(str(root / n / "train/head/model.safetensors")) for n in (one, two)}
     assert ranks[one].keys() == ranks[two].keys()
@@ -630,11 +630,11 @@ def test_non_finite_loss_stops_or_skips(run_overrides, monkeypatch) -> None:
     assert sum(r.get("train/skipped", 0) for r in rows) == 1
 
 
-def test_each_cuda_rank_takes_its_own_gpu(monkeypatch, capsys) -> None:
+def test_each_cuda_rank_takes_its_own_gpu(monkeypatch) -> None:
     """Under a launcher, rank r of a CUDA run makes GPU LOCAL_RANK its current device before
     joining NCCL, so its target, head and every tensor made on "cuda" land on its own GPU
     (without it every rank would load its target onto GPU 0). No GPU here: the calls are
-    recorded, not made. Of what DeepSpeed prints while joining, its op-built line is dropped."""
+    recorded, not made."""
     import deepspeed
     import torch.distributed as dist
 
@@ -649,7 +649,6 @@ def test_each_cuda_rank_takes_its_own_gpu(monkeypatch, capsys) -> None:
 
     def init(dist_backend: str, verbose: bool) -> None:
         calls.setdefault("backend", dist_backend)
-        print("DeepSpeed deepspeed_shm_comm_op built successfully\nno shm for this backend")
 
     monkeypatch.setattr(deepspeed, "init_distributed", init)
     monkeypatch.setenv("RANK", "3")
@@ -659,7 +658,24 @@ def test_each_cuda_rank_takes_its_own_gpu(monkeypatch, capsys) -> None:
     calls.clear()
     assert engine.init_distributed("cpu") == (3, 4)
     assert calls == {"backend": "gloo"}  # a CPU run picks no GPU
-    assert capsys.readouterr().out == "no shm for this backend\n" * 2
+
+
+def test_joining_on_the_cpu_builds_no_shared_memory_op(tmp_path: Path) -> None:
+    """DeepSpeed's CPU backend would build its shared-memory all-reduce while joining (C++, 31-34 s
+    the first time on a machine), say so, and map a 64 MiB /dev/shm buffer on one node, all for
+    tensor-parallel inference: an empty extension folder stays empty and no buffer is left."""
+    code = "from draftsmith.train import engine\nranks = engine.init_distributed('cpu')\n"
+    code += "from deepspeed.comm import comm\nprint(ranks, comm.cdb.shm_comm_op)"
+    extensions, buffers = tmp_path / "extensions", _shm_buffers()
+    # LOCAL_SIZE: one node, where DeepSpeed's op would make its buffer
+    env = {**_clean_env(), "TORCH_EXTENSIONS_DIR": str(extensions), "LOCAL_SIZE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["(0, 1) None"]
+    assert not list(extensions.rglob("*.so"))
+    assert _shm_buffers() <= buffers
 
 
 def test_resume_restores_the_gpu_generator_too(monkeypatch) -> None:

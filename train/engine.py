@@ -9,12 +9,11 @@ deleted.
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import shutil
 import warnings
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -57,44 +56,28 @@ def init_distributed(device: str) -> tuple[int, int]:
             # one GPU per rank: "cuda" then means this rank's GPU for the target, the head and
             # every tensor made on "cuda" (else every rank would load its target onto GPU 0)
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        # on a CPU every rank prints "DeepSpeed deepspeed_shm_comm_op built successfully",
-        # unconditionally: a line per rank no user can act on; anything else it says passes
-        said = io.StringIO()
-        try:
-            with redirect_stdout(said):
-                deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
-        finally:  # a failed join's messages too
-            for line in said.getvalue().splitlines():
-                if not line.endswith(" built successfully"):
-                    print(line)
+        else:
+            skip_shm_all_reduce()
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
         # DeepSpeed's ZeRO gathers call the collective torch renamed (all_gather_single): a
         # warning per rank that its users cannot act on
         warnings.filterwarnings(
             "ignore", r"`torch\.distributed\.all_gather_into_tensor` is deprecated", FutureWarning
         )
-        if not cuda:
-            unlink_shm_buffer()
     return dist.get_rank(), dist.get_world_size()
 
 
-def unlink_shm_buffer() -> None:
-    """Remove this rank's name of DeepSpeed's CPU all-reduce buffer once every rank has mapped it.
+def skip_shm_all_reduce() -> None:
+    """Keep DeepSpeed's CPU backend from building its shared-memory all-reduce.
 
-    On one node (the launcher sets LOCAL_SIZE) DeepSpeed's CPU backend creates a 64 MiB file per
-    rank in /dev/shm and never unlinks it: each launched run leaked 128 MiB of RAM until reboot
-    (172 files, 11.5 GiB, after a few days of test runs). Each rank has opened every other rank's
-    buffer when init returns, so after a barrier the names can go and the mappings stay.
+    Joining, it builds that op (C++ with ninja: 31-34 s on 2 cores, the first time on a machine),
+    prints a line per rank saying so and maps a 64 MiB /dev/shm buffer per rank that it never
+    unlinks, all for tensor-parallel inference's all-reduce; training reduces over gloo. It skips
+    an op its table of compatible ops marks unusable.
     """
-    import torch.distributed as dist
+    import deepspeed.ops
 
-    env = os.environ
-    if env.get("LOCAL_SIZE") != str(dist.get_world_size()):  # DeepSpeed's test for making them
-        return
-    name = f"deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR', '')}"
-    dist.barrier()
-    (Path("/dev/shm") / f"{name}_{env.get('MASTER_PORT', '')}_{dist.get_rank()}").unlink(
-        missing_ok=True
-    )
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def free_port() -> int:
