@@ -129,8 +129,8 @@ def build_engine(head: torch.nn.Module, cfg: Config, total_steps: int):
     """The optimizer (`train.optimizer`) + warmup/decay schedule wrapped in a DeepSpeed engine.
 
     AdamW is built here. Muon is DeepSpeed's own (`"optimizer": {"type": "Muon"}`): it tags
-    every matrix but embeddings and lm_heads for Muon and gives the rest Adam, in one optimizer
-    whose param groups the schedule scales alike."""
+    every matrix but embeddings and lm_heads for Muon and gives the rest torch's AdamW, in one
+    optimizer whose param groups the schedule scales alike."""
     import deepspeed
 
     t = cfg.train
