@@ -30,7 +30,7 @@ from draftsmith.inference.attention import (
 from draftsmith.inference.cache import keep_accepted
 from draftsmith.inference.costs import AdaptiveCut, clock, tree_forward_costs
 from draftsmith.inference.drafter import make_drafter
-from draftsmith.inference.lookup import prompt_lookup
+from draftsmith.inference.lookup import lookup_by_match, prompt_lookup
 from draftsmith.inference.tree import (
     Draws,
     StaticTree,
@@ -138,11 +138,17 @@ class SpecDecoder:
     def build_tree(
         self, root: int, context: list[int] | None = None, draws: Draws | None = None
     ) -> Tree:
-        """The head's tree below `root`; with `spec.lookup`, plus the prompt-lookup continuation
-        of `context` (prompt + output so far, `root` last). `draws`: top-k or sampled children.
+        """The head's tree below `root`; with a lookup branch (`spec.branch`), plus the
+        prompt-lookup continuation of `context` (prompt + output so far, `root` last), of
+        `lookup` tokens or of `lookup_by_match[n - 1]` after an n-token match. `draws`: top-k
+        or sampled children.
         With `tree.adaptive`, only its nodes worth their cost at the decoder's rate so far."""
         s = self.spec
-        chain = prompt_lookup(torch.tensor(context), s.lookup) if s.lookup and context else None
+        chain = None
+        if context and s.lookup_by_match:
+            chain = lookup_by_match(torch.tensor(context), s.lookup_by_match)
+        elif context and s.lookup:
+            chain = prompt_lookup(torch.tensor(context), s.lookup)
         if self.static is not None:
             tree = self.static.build(self.drafter, root, draws)
             return tree if chain is None else graft_chain(tree, chain)[0]
@@ -202,7 +208,7 @@ class SpecDecoder:
             while len(generated) < max_new_tokens and root not in eos:
                 t0 = timer()
                 # the context is copied for the lookup branch only: no per-step work without it
-                context = [*prompt, *generated] if self.spec.lookup else None
+                context = [*prompt, *generated] if self.spec.branch else None
                 tree = self.build_tree(root, context, draws)
                 t1 = timer()
                 mask = tree_masks(

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from draftsmith.files import write_text_atomic  # noqa: E402
 from draftsmith.inference.decoder import STEP_PARTS  # noqa: E402
-from draftsmith.inference.tree import TreeSpec  # noqa: E402
+from draftsmith.inference.tree import TreeSpec, branch_label  # noqa: E402
 
 
 def benchmark_label(e: dict) -> str:
@@ -49,7 +49,7 @@ def results_markdown(r: dict) -> str:
             if r["tree"].get("adaptive")
             else f"{r['tree']['total_tokens']} nodes"
         )
-        + (f", prompt-lookup branch of {r['tree']['lookup']}" if r["tree"].get("lookup") else "")
+        + (f", prompt-lookup branch {branch_label(r['tree'])}" if branch_label(r["tree"]) else "")
         + ")",
         "",
         f"tau = **{r['tau']:.2f}** over {r['verify_forwards']} verification forwards; "
@@ -181,4 +181,4 @@ def write_sweep_summary(folder: Path) -> None:
 
 def _kind(tree: dict) -> str:
     """The tree kind, with its prompt-lookup branch if any (older results have no such key)."""
-    return tree["kind"] + (f"+lookup{tree['lookup']}" if tree.get("lookup") else "")
+    return "+".join(filter(None, (tree["kind"], branch_label(tree))))

@@ -14,7 +14,7 @@ from pathlib import Path
 from draftsmith.conf.schema import Config, EvalConfig
 from draftsmith.conversations import source_digest
 from draftsmith.inference.prompts import benchmark_source
-from draftsmith.inference.tree import TreeSpec
+from draftsmith.inference.tree import TreeSpec, branch_label
 from draftsmith.provenance import differences
 from draftsmith.target import chat_template_digest
 
@@ -31,8 +31,8 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
         depth = max(len(c) for c in t.choices)
         nodes = len({tuple(c) for c in t.choices}) + 1  # the root and one node per path
         tag = f"{bench}-static-d{depth}-n{nodes}-choices{digest}"
-    if t.lookup and not cfg.eval.tag:
-        tag += f"-lookup{t.lookup}"
+    if t.branch and not cfg.eval.tag:
+        tag += f"-{branch_label(dataclasses.asdict(t))}"
     if t.adaptive and not cfg.eval.tag:
         tag += "-adaptive"
     if cfg.eval.turns == "all" and not cfg.eval.tag:

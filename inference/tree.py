@@ -140,6 +140,13 @@ class Draws:
         return (logits + gumbel).topk(k, dim=-1).indices, torch.softmax(logits, dim=-1)
 
 
+def branch_label(tree: dict) -> str:
+    """A results.json tree's prompt-lookup branch in names: lookup8, lookup4-8-8-15, or empty
+    (results before session 93 have no lookup_by_match, older ones no lookup)."""
+    lengths = tree.get("lookup_by_match") or ([tree["lookup"]] if tree.get("lookup") else [])
+    return "lookup" + "-".join(map(str, lengths)) if lengths else ""
+
+
 @dataclass
 class TreeSpec:
     """How to draft: `dynamic` (EAGLE-2), `static` (choices, or top-k rank products), `chain`."""
@@ -159,6 +166,10 @@ class TreeSpec:
     # 0 = off; a dynamic tree gives up a head node per chain token the head did not draft
     # itself, so total_tokens still bounds it (a static or chain tree grows by up to `lookup`)
     lookup: int = 0
+    # instead of `lookup`: tokens of the branch after a 1-, 2-, .. n-token match (n = the list's
+    # length, the longest suffix searched), a copy past the context's end running on into itself
+    # (inference/lookup.py), e.g. [4, 8, 8, 15]; a dynamic tree keeps at most total_tokens - 1
+    lookup_by_match: list[int] = field(default_factory=list)
     # at temperature > 0: draw each node's children from the head's distribution (without
     # replacement; verified by recursive rejection sampling) instead of taking its top k
     sample_drafts: bool = True
@@ -191,6 +202,23 @@ class TreeSpec:
                 f"tree.lookup={self.lookup}: expected >= 0, and for a dynamic tree fewer than "
                 f"total_tokens - 1 = {self.total_tokens - 1} (the head keeps the other nodes)"
             )
+        by_match = self.lookup_by_match
+        if by_match and self.lookup:
+            raise InputError(
+                f"tree.lookup={self.lookup} with tree.lookup_by_match={by_match}: set one "
+                "(lookup_by_match=[] or lookup=0)"
+            )
+        longest = self.total_tokens - 1 if self.kind == "dynamic" else None
+        if any(n < 1 or (longest and n > longest) for n in by_match):
+            raise InputError(
+                f"tree.lookup_by_match={by_match}: expected tokens >= 1 after each match length"
+                + (f", and at most total_tokens - 1 = {longest}" if longest else "")
+            )
+
+    @property
+    def branch(self) -> bool:
+        """Whether a prompt-lookup branch is grafted into every tree."""
+        return bool(self.lookup or self.lookup_by_match)
 
     @property
     def drafted_depth(self) -> int:

@@ -18,6 +18,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftsmith.inference.tree import branch_label
+
 STAGES = ("prepare", "collect", "train", "eval")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
@@ -85,8 +87,8 @@ def run_rows(run: Path, only: Collection[str] | None = None) -> Tables:
         m = r["mismatch"]
         mism = f"{m['prompts']}/{m.get('compared', r['prompts'])}" if m["checked"] else "-"
         tree = f"{t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']}"
-        if t.get("lookup"):  # a prompt-lookup branch of that many tokens was grafted in
-            tree += f" +lookup{t['lookup']}"
+        if branch_label(t):  # a prompt-lookup branch of that many tokens was grafted in
+            tree += f" +{branch_label(t)}"
         if t.get("adaptive"):  # per-step sizes, ~this many nodes per forward on average
             tree += f" adaptive~{r['nodes_per_forward']:.1f}"
         if t.get("min_prob"):  # session 32's path-probability cut (not kept)

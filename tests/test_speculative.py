@@ -34,6 +34,11 @@ TREES = {
     # a prompt-lookup branch grafted in (the tiny target loops, so it is often accepted)
     "dynamic+lookup": TreeSpec(kind="dynamic", depth=4, top_k=3, total_tokens=10, lookup=4),
     "static+lookup": TreeSpec(kind="static", depth=3, top_k=3, total_tokens=9, lookup=3),
+    # its length by match length, a 3-token match's copy filling the tree (running on past the
+    # context's end)
+    "dynamic+lookup_by_match": TreeSpec(
+        kind="dynamic", depth=4, top_k=3, total_tokens=10, lookup_by_match=[2, 4, 9]
+    ),
     # per-step sizes from this machine's measured forward costs
     "dynamic+lookup+adaptive": TreeSpec(
         kind="dynamic", depth=4, top_k=3, total_tokens=10, lookup=4, adaptive=True
