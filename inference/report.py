@@ -49,7 +49,7 @@ def results_markdown(r: dict) -> str:
             if r["tree"].get("adaptive")
             else f"{r['tree']['total_tokens']} nodes"
         )
-        + (f", prompt-lookup branch {branch_label(r['tree'])}" if branch_label(r["tree"]) else "")
+        + _branch_words(r["tree"])
         + ")",
         "",
         f"tau = **{r['tau']:.2f}** over {r['verify_forwards']} verification forwards; "
@@ -177,6 +177,14 @@ def write_sweep_summary(folder: Path) -> None:
     fig.tight_layout()
     fig.savefig(folder / "tree_sweep.png", dpi=120)
     plt.close(fig)
+
+
+def _branch_words(tree: dict) -> str:
+    """The tree's prompt-lookup branch in results.md's prose, or nothing."""
+    if tree.get("lookup_by_match"):
+        lengths = "/".join(map(str, tree["lookup_by_match"]))
+        return f", prompt-lookup branch of {lengths} tokens by match length"
+    return f", prompt-lookup branch of {tree['lookup']}" if tree.get("lookup") else ""
 
 
 def _kind(tree: dict) -> str:
