@@ -141,8 +141,9 @@ class Draws:
 
 
 def branch_label(tree: dict) -> str:
-    """A results.json tree's prompt-lookup branch in names: lookup8, lookup4-8-8-15, or empty
-    (results before session 93 have no lookup_by_match, older ones no lookup)."""
+    """A tree's prompt-lookup branch in names (its settings as a dict: a TreeSpec's, or a
+    results.json's, where results before session 93 have no lookup_by_match and older ones no
+    lookup): lookup8, lookup4-8-8-15, or empty."""
     lengths = tree.get("lookup_by_match") or ([tree["lookup"]] if tree.get("lookup") else [])
     return "lookup" + "-".join(map(str, lengths)) if lengths else ""
 

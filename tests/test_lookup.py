@@ -48,15 +48,8 @@ def test_by_match_copies_by_match_length_and_runs_on_past_the_end() -> None:
     # a 1-token match (9 last seen at 1) gets by_match[0] tokens
     assert lookup_by_match(torch.tensor([5, 9, 7, 8, 9]), [2, 6]).tolist() == [7, 8]
     # the copy reaches the context's end and runs on: "1 2 3" again, one period (3) back
-    assert lookup_by_match(torch.tensor([9, 1, 2, 3, 1, 2, 3]), [1, 1, 7]).tolist() == [
-        1,
-        2,
-        3,
-        1,
-        2,
-        3,
-        1,
-    ]
+    looped = torch.tensor([9, 1, 2, 3, 1, 2, 3])
+    assert lookup_by_match(looped, [1, 1, 7]).tolist() == [1, 2, 3, 1, 2, 3, 1]
     assert lookup_by_match(torch.tensor([3, 4, 5]), [4, 4]).numel() == 0  # no repeat
 
 
