@@ -243,11 +243,15 @@ def _markdown(summary: dict) -> str:
             f"{summary['train'].get('best_heldout_sim_tau', float('nan')):.2f}"
         ]
     if "eval" in summary:
+        from draftsmith.inference.report import output_tau
+
         e = summary["eval"]
         line = (
             f"eval ({e['eval']['benchmark']}, {e['prompts']} prompts, {e['machine']['dtype']}):"
             f" tau {e['tau']:.2f}"
         )
+        if (out := output_tau(e)) is not None:  # (results before session 35: no per-prompt records)
+            line += f" ({out:.2f} output tokens per forward)"
         if e["speedup"]:  # no baselines decoded: tau only
             speed = ", ".join(f"{k.removeprefix('vs_')} {v:.2f}x" for k, v in e["speedup"].items())
             line += f"; speedup over {speed}"

@@ -52,6 +52,8 @@ STEP_PARTS = ("draft", "forward", "accept", "commit")
 class DecodeStats:
     new_tokens: int = 0
     verify_tokens: int = 0  # tokens produced by verification steps (excludes the prefill token)
+    # of those, the ones the output kept: not the last step's past EOS or max_new_tokens
+    output_tokens: int = 0
     forwards: int = 0  # target verification forwards
     nodes: int = 0  # tree nodes verified, root included, over all forwards
     accepted_at_depth: list[int] = field(default_factory=list)  # steps that accepted >= d drafts
@@ -63,7 +65,15 @@ class DecodeStats:
 
     @property
     def tau(self) -> float:
+        """Tokens accepted per verification forward, bonus included, as EAGLE's eval counts
+        them (the last step's all, even past EOS or max_new_tokens)."""
         return self.verify_tokens / max(self.forwards, 1)
+
+    @property
+    def output_tau(self) -> float:
+        """Output tokens per verification forward (the prefill's excluded): tau without the
+        last step's tokens the output cut (SpecForge's accept length, less the prefill token)."""
+        return self.output_tokens / max(self.forwards, 1)
 
     @property
     def nodes_per_forward(self) -> float:
@@ -78,6 +88,7 @@ class DecodeStats:
         for name in (
             "new_tokens",
             "verify_tokens",
+            "output_tokens",
             "forwards",
             "nodes",
             *(f"{part}_seconds" for part in STEP_PARTS),
@@ -264,6 +275,7 @@ class SpecDecoder:
                         new, root = new[: i + 1], token  # root in eos ends the loop
                         break
                 new = new[: max_new_tokens - len(generated)]  # the stream stops where output does
+                stats.output_tokens += len(new)
                 generated.extend(new)
                 if on_tokens:
                     on_tokens(new)

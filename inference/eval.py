@@ -382,6 +382,7 @@ def _results(cfg: Config, p: _Pass) -> dict[str, dict]:
             "tokens_per_second": {n: rate[m] for n, m in names.items()},
             "speedup": {f"vs_{m}": rate[c.run] / rate[m] for m in e.baselines},
             "tau": stats.tau,
+            "tau_output": stats.output_tau,
             "depth_acceptance": stats.depth_acceptance(),
             # per benchmark category (MT-bench's eight), where the rows name one
             "by_category": {
@@ -443,6 +444,7 @@ def run(cfg: Config) -> dict:
             tracker = Tracker(out, cfg.tracking, f"{run_name}-eval-{out.name}", cfg)
             flat = {
                 "tau": r["tau"],
+                "tau_output": r["tau_output"],
                 **{f"speedup/{k}": v for k, v in r["speedup"].items()},
                 **{f"tokens_per_second/{k}": v for k, v in r["tokens_per_second"].items()},
                 **{f"acceptance/depth_{d + 1}": a for d, a in enumerate(r["depth_acceptance"])},

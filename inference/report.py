@@ -52,8 +52,9 @@ def results_markdown(r: dict) -> str:
         + _branch_words(r["tree"])
         + ")",
         "",
-        f"tau = **{r['tau']:.2f}** over {r['verify_forwards']} verification forwards; "
-        f"acceptance by depth: {depth}",
+        f"tau = **{r['tau']:.2f}** over {r['verify_forwards']} verification forwards"
+        + (f" ({out:.2f} output tokens per forward)" if (out := output_tau(r)) else "")
+        + f"; acceptance by depth: {depth}",
         "",
     ]
     if skipped := r.get("skipped"):  # rows of the benchmark that were not prompts
@@ -74,6 +75,19 @@ def results_markdown(r: dict) -> str:
             + divergence_summary(m["details"])
         )
     return "\n".join(lines) + "\n"
+
+
+def output_tau(r: dict) -> float | None:
+    """A results.json's output tokens per verification forward (tau less the last step's
+    tokens past EOS or max_new_tokens); from its prompts' records where it predates the key
+    (session 94), None where it predates those."""
+    if "tau_output" in r:
+        return r["tau_output"]
+    if not r.get("per_prompt"):
+        return None
+    forwards = sum(p["forwards"] for p in r["per_prompt"])
+    # each prompt's `tokens` include the one its prefill picked, which no verification produced
+    return sum(p["tokens"] - 1 for p in r["per_prompt"]) / max(forwards, 1)
 
 
 def step_milliseconds(r: dict) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftsmith.inference.report import output_tau
 from draftsmith.inference.tree import branch_label
 
 STAGES = ("prepare", "collect", "train", "eval")
@@ -113,7 +114,8 @@ def run_rows(run: Path, only: Collection[str] | None = None) -> Tables:
             head += f" v{r['head']['draft_vocab_size']}"
         tables.evals.append(
             f"| {name} | {head} | {e['benchmark']} | {e['temperature']} | "
-            f"{r['machine']['dtype']} | {tree} | {r['prompts']} | **{r['tau']:.2f}** | {depth} | "
+            f"{r['machine']['dtype']} | {tree} | {r['prompts']} | **{r['tau']:.2f}** | "
+            f"{'-' if (out := output_tau(r)) is None else f'{out:.2f}'} | {depth} | "
             f"{tok_s} | {speed['vs_vanilla']} | "
             f"{speed['vs_lookup']} | {mism} |"
         )
@@ -224,9 +226,9 @@ def archive(src: Path, dest: Path, patterns: tuple[str, ...]) -> None:
 def eval_lines(tables: Tables) -> list[str]:
     """One row per eval."""
     return [
-        "| run | head | benchmark | T | dtype | tree | prompts | tau | acceptance by depth | "
-        "spec tok/s | vs vanilla | vs prompt lookup | greedy mismatches |",
-        "|---|---|---|---:|---|---|---:|---:|---|---:|---:|---:|---:|",
+        "| run | head | benchmark | T | dtype | tree | prompts | tau | output tau | "
+        "acceptance by depth | spec tok/s | vs vanilla | vs prompt lookup | greedy mismatches |",
+        "|---|---|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|---:|",
         *tables.evals,
         "",
     ]

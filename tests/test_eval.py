@@ -13,6 +13,7 @@ import pytest
 from draftsmith.config import Config, compose
 from draftsmith.inference import eval as evaluate
 from draftsmith.inference.prompts import benchmark_source
+from draftsmith.inference.report import output_tau
 
 
 def _benchmark(path: Path, rows: list[tuple[str, str]]) -> Path:
@@ -60,7 +61,12 @@ def test_tau_by_category(tmp_path: Path, head_dir: Path) -> None:
     forwards = sum(p["forwards"] for p in writing)
     assert r["by_category"]["writing"]["tau"] == pytest.approx(verified / forwards, abs=1e-9)
     assert r["tau"] > 1.0
+    # the output's tokens per forward, as archived results without the key are read from their
+    # prompts' records (each prompt's first token is its prefill's)
+    older = {k: v for k, v in r.items() if k != "tau_output"}
+    assert output_tau(older) == pytest.approx(r["tau_output"]) and r["tau_output"] <= r["tau"]
     (report,) = (tmp_path / "runs").glob("*/eval/*/results.md")
+    assert f"({r['tau_output']:.2f} output tokens per forward)" in report.read_text()
     out = report.parent
     assert "tau by category: math" in (out / "results.md").read_text()
     assert (out / "tau_by_category.png").stat().st_size > 5_000

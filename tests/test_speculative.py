@@ -341,6 +341,15 @@ def test_stops_at_an_eos_accepted_inside_a_draft(tiny_target, references) -> Non
     )[0, len(prompt) :].tolist()
     assert out == hf == expected[: k + 1]
     assert stats.tau > 1.0  # the drafts really were accepted
+    # tau counts the step's drafts past the EOS, as EAGLE's eval does; the output tau does not
+    assert stats.output_tokens == len(out) - 1 < stats.verify_tokens
+    assert stats.output_tau < stats.tau
+    # so does a budget that ends mid-step
+    cut = k - k % step + 2  # two tokens into the step after the last whole one
+    committed.clear()
+    out, stats = decoder.generate(prompt, cut, on_tokens=committed.extend)
+    assert out == expected[:cut]
+    assert stats.output_tokens == cut - 1 < stats.verify_tokens
 
 
 def test_adaptive_trees_follow_the_forward_costs(tiny_target, tiny_tokenizer, references) -> None:
