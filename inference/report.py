@@ -53,7 +53,7 @@ def results_markdown(r: dict) -> str:
         + ")",
         "",
         f"tau = **{r['tau']:.2f}** over {r['verify_forwards']} verification forwards"
-        + (f" ({out:.2f} output tokens per forward)" if (out := output_tau(r)) else "")
+        + ("" if (out := output_tau(r)) is None else f" ({out:.2f} output tokens per forward)")
         + f"; acceptance by depth: {depth}",
         "",
     ]

@@ -344,8 +344,8 @@ def test_stops_at_an_eos_accepted_inside_a_draft(tiny_target, references) -> Non
     # tau counts the step's drafts past the EOS, as EAGLE's eval does; the output tau does not
     assert stats.output_tokens == len(out) - 1 < stats.verify_tokens
     assert stats.output_tau < stats.tau
-    # so does a budget that ends mid-step
-    cut = k - k % step + 2  # two tokens into the step after the last whole one
+    # and where the budget ends mid-step
+    cut = k - k % step + 2  # the output ends 1 token into the step that commits position k
     committed.clear()
     out, stats = decoder.generate(prompt, cut, on_tokens=committed.extend)
     assert out == expected[:cut]
