@@ -88,8 +88,8 @@ def run_rows(run: Path, only: Collection[str] | None = None) -> Tables:
         m = r["mismatch"]
         mism = f"{m['prompts']}/{m.get('compared', r['prompts'])}" if m["checked"] else "-"
         tree = f"{t['kind']} d{t['depth']} k{t['top_k']} n{t['total_tokens']}"
-        if branch_label(t):  # a prompt-lookup branch of that many tokens was grafted in
-            tree += f" +{branch_label(t)}"
+        if branch := branch_label(t):  # the grafted prompt-lookup branch: lookup8, lookup4-8-8-15
+            tree += f" +{branch}"
         if t.get("adaptive"):  # per-step sizes, ~this many nodes per forward on average
             tree += f" adaptive~{r['nodes_per_forward']:.1f}"
         if t.get("min_prob"):  # session 32's path-probability cut (not kept)
@@ -112,10 +112,12 @@ def run_rows(run: Path, only: Collection[str] | None = None) -> Tables:
         head = r["head"]["name"]
         if r["head"].get("draft_vocab_size"):  # its own draft vocabulary (recorded since s60)
             head += f" v{r['head']['draft_vocab_size']}"
+        out = output_tau(r)  # None for evals from before per-prompt records
+        out_cell = "-" if out is None else f"{out:.2f}"
         tables.evals.append(
             f"| {name} | {head} | {e['benchmark']} | {e['temperature']} | "
             f"{r['machine']['dtype']} | {tree} | {r['prompts']} | **{r['tau']:.2f}** | "
-            f"{'-' if (out := output_tau(r)) is None else f'{out:.2f}'} | {depth} | "
+            f"{out_cell} | {depth} | "
             f"{tok_s} | {speed['vs_vanilla']} | "
             f"{speed['vs_lookup']} | {mism} |"
         )
