@@ -82,6 +82,75 @@ def test_bench_draft_times_the_drafting_modes(tmp_path: Path, head_dir: Path) ->
     assert "layer" not in result
 
 
+def test_bench_first_draft_counts_ranks_and_vocabulary_coverage(
+    tmp_path: Path, head_dir: Path
+) -> None:
+    """Every answer token after the first lands in one bucket; the share outside the vocabulary
+    is the head's own vocabulary's, and a vocabulary of every token covers all of them."""
+    from pipeline import tiny_run
+
+    from draftsmith.heads import TargetInfo, load_head
+    from draftsmith.target import load_config
+
+    tiny_run(tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"count to {i}"}]} for i in range(2)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    vocab_size = load_config(TINY_NAME).vocab_size
+    args = ["--head", str(head_dir), "--prepared", str(tmp_path / "runs/t/prepare")]
+    args += ["--target", TINY_NAME, "--dtype", "float32", "--benchmark", str(prompts)]
+    args += ["--prompts", "2", "--max-new-tokens", "12", "--sizes", "8", str(vocab_size)]
+    args += ["--out", str(tmp_path / "out")]
+    subprocess.run([sys.executable, str(SCRIPTS / "bench_first_draft.py"), *args], check=True)
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    answers = result["answers"]
+    assert result["tokens"] == len(result["ranks"]) == sum(len(a) - 1 for a in answers) > 10
+    assert abs(sum(result["shares"].values()) - 1.0) < 1e-9
+    head = load_head(str(head_dir), TargetInfo.from_hf_config(load_config(TINY_NAME)))
+    outside = sum(not bool(head.t2d[t]) for a in answers for t in a[1:])
+    assert result["shares"]["outside vocabulary"] == outside / result["tokens"]
+    assert (result["ranks"].count(0)) == outside
+    coverage = {int(n): c for n, c in result["vocab_coverage"].items()}
+    assert coverage[vocab_size] == 1.0 and coverage[8] < 1.0
+    assert "| rank 1 |" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_first_draft_ranks_are_the_heads_over_the_whole_answer(
+    tiny_target, head_dir: Path, monkeypatch
+) -> None:
+    """Committing an answer one accepted token at a time, as the decoder does, ranks each token
+    as the head's one causal pass over the whole sequence does."""
+    from draftsmith.features import FeatureCapture
+    from draftsmith.heads import TargetInfo, TargetParts, load_head
+    from draftsmith.inference.drafter import make_drafter
+
+    bench = _script("bench_first_draft", monkeypatch)
+    info = TargetInfo.from_hf_config(tiny_target.config)
+    head = load_head(str(head_dir), info).bind(TargetParts.from_model(tiny_target)).eval()
+    vocab = head.t2d.nonzero().flatten()  # [Vd] target ids, in draft-id order
+    prompt, answer = [1, 40, 41, 42, 43], [int(vocab[i]) for i in (3, 7, 3, 11, 0, 5)]
+    answer[2] = int((~head.t2d).nonzero()[0])  # one token outside the draft vocabulary
+    aux_layers = head.config.aux_layers
+    ranks = bench.first_draft_ranks(tiny_target, make_drafter(head), aux_layers, prompt, answer)
+    ids = torch.tensor([prompt + answer])  # [1, S]
+    with torch.no_grad(), FeatureCapture(tiny_target, aux_layers) as capture:
+        tiny_target(input_ids=ids)
+        S = ids.shape[1]
+        out = head.step(  # pair j: feature j with token j+1, predicting token j+2
+            head.feature_input(capture.hidden, capture.aux)[:, : S - 1],
+            ids[:, 1:],
+            torch.arange(S - 1)[None],
+            head.new_cache(),
+        )
+        logits = head.draft_logits(out)[0].float()  # [S-1, Vd]
+    expected = []
+    for k in range(1, len(answer)):
+        row, token = logits[len(prompt) + k - 2], answer[k]
+        d = int(head.t2d[: token + 1].sum()) - 1 if head.t2d[token] else -1
+        expected.append(0 if d < 0 else int((row > row[d]).sum()) + 1)
+    assert ranks == expected and 0 in ranks and any(r > 1 for r in ranks)
+
+
 def test_bench_train_times_every_head(tmp_path: Path) -> None:
     from pipeline import tiny_run
 

@@ -1,0 +1,148 @@
+"""Where a head's first draft misses, and what a draft vocabulary of each size would cover.
+
+The target answers a benchmark's first turns greedily (`generate`, as the vanilla baseline); the
+answers are teacher-forced through the head as the decoder commits them, one accepted token at a
+time (inference/drafter.py), and each answer token after the first (the one a step's root is
+followed by) is counted: outside the head's draft vocabulary, or at its rank in the head's
+first-draft distribution (1, 2-4, 5-8, 9+). A tree's first-draft acceptance (results.md's
+acceptance by depth) is what its top-k children and the prompt-lookup branch reach of these.
+With --prepared, also the share of those tokens among the N most frequent answer tokens of that
+prepared data, the vocabulary `head.draft_vocab_size=N` (EAGLE-3) or `eval.draft_vocab_size=N`
+would draft over, for each N: whether a bigger vocabulary has anything left to reach.
+Writes JSON + a markdown table. Usage:
+  python scripts/bench_first_draft.py --head runs/<run>/train/head [--prepared runs/<run>/prepare]
+      [--target smollm2-135m-instruct] [--benchmark mt-bench] [--prompts 80]
+      [--max-new-tokens 128] [--dtype bfloat16] [--draft-vocab-size N] [--sizes 4096 16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from draftsmith.features import FeatureCapture
+from draftsmith.heads import TargetInfo, TargetParts, load_head
+from draftsmith.heads.vocab import answer_token_counts, frequent_tokens
+from draftsmith.inference.drafter import make_drafter
+from draftsmith.inference.prompts import first_turns
+from draftsmith.inference.verify import Sampling, generate_kwargs
+from draftsmith.target import load_target, load_tokenizer, stop_token_ids, target_name, torch_dtype
+
+BUCKETS = ("outside vocabulary", "rank 1", "rank 2-4", "rank 5-8", "rank 9+")
+
+
+def bucket(rank: int) -> str:
+    """A 1-based rank's bucket (0: the token is outside the draft vocabulary)."""
+    if rank == 0:
+        return BUCKETS[0]
+    return BUCKETS[1 if rank == 1 else 2 if rank <= 4 else 3 if rank <= 8 else 4]
+
+
+@torch.no_grad()
+def first_draft_ranks(
+    target, drafter, aux_layers, prompt: list[int], answer: list[int]
+) -> list[int]:
+    """Rank (1-based; 0 = outside the draft vocabulary) of answer[k], k >= 1, in the head's
+    first-draft distribution after answer[:k] is committed, as the decoder commits: the prompt's
+    features with their next tokens, then one (feature, token) pair per accepted token."""
+    ids = torch.tensor([prompt + answer])  # [1, S]
+    with FeatureCapture(target, aux_layers) as capture:
+        target(input_ids=ids)
+    hidden, aux = capture.hidden, capture.aux  # [1, S, H], [1, S, kH] or None
+    n = len(prompt)
+    drafter.reset()
+    # pairs 0..n-1: position j's feature with token j+1 (the last one the answer's first token)
+    drafter.commit(hidden[:, :n], None if aux is None else aux[:, :n], ids[:, 1 : n + 1])
+    # the draft id of every target id (-1: outside the draft vocabulary)
+    drafted = drafter.to_target(torch.arange(drafter.root_logprobs().numel()))  # [Vd]
+    index = torch.full((target.config.vocab_size,), -1, dtype=torch.long)  # [V]
+    index[drafted] = torch.arange(drafted.numel())
+    ranks = []
+    for k in range(1, len(answer)):
+        logprobs = drafter.root_logprobs()  # [Vd] over answer[k]
+        d = int(index[answer[k]])
+        ranks.append(0 if d < 0 else int((logprobs > logprobs[d]).sum()) + 1)
+        j = n + k - 1  # the pair of answer[k-1]'s position with answer[k]
+        drafter.commit(
+            hidden[:, j : j + 1], None if aux is None else aux[:, j : j + 1], ids[:, j + 1 : j + 2]
+        )
+    return ranks
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--head", required=True, help="a head folder (runs/<run>/train/head)")
+    p.add_argument("--prepared", help="a prepared run folder (runs/<run>/prepare): vocab coverage")
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--benchmark", default="mt-bench")
+    p.add_argument("--prompts", type=int, default=80)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--draft-vocab-size", type=int, default=0, help="as eval.draft_vocab_size")
+    p.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
+    p.add_argument("--out", default="runs/bench/first_draft")
+    args = p.parse_args()
+    tokenizer = load_tokenizer(args.target)
+    target = load_target(args.target, args.dtype)
+    info = TargetInfo.from_hf_config(target.config, target_name(args.target))
+    head = load_head(args.head, info).to(dtype=torch_dtype(args.dtype))
+    head.bind(TargetParts.from_model(target)).eval().requires_grad_(False)
+    counts = answer_token_counts(args.prepared, info.vocab_size) if args.prepared else None
+    vocab = None
+    if args.draft_vocab_size:
+        if counts is None:
+            raise SystemExit("--draft-vocab-size chooses from prepared data: give --prepared")
+        vocab = frequent_tokens(counts, args.draft_vocab_size)
+    drafter = make_drafter(head, vocab)
+    aux_layers = getattr(head.config, "aux_layers", None) or ()
+    prompts, _ = first_turns(args.benchmark, tokenizer, args.prompts)
+    kwargs = generate_kwargs(
+        tokenizer, Sampling(), args.max_new_tokens, stop_token_ids(target, tokenizer)
+    )
+    answers, ranks = [], []
+    for prompt in tqdm(prompts, desc="first drafts", unit="prompt"):
+        with torch.no_grad():
+            out = target.generate(torch.tensor([prompt]), **kwargs)[0, len(prompt) :]
+        answers.append(out.tolist())
+        ranks += first_draft_ranks(target, drafter, aux_layers, prompt, answers[-1])
+    total = max(len(ranks), 1)
+    shares = {b: sum(bucket(r) == b for r in ranks) / total for b in BUCKETS}
+    drafted = [r for r in ranks if r > 0]
+    reach = {k: sum(r <= k for r in drafted) / max(len(drafted), 1) for k in (1, 4, 8)}
+    tokens = torch.tensor([t for a in answers for t in a[1:]], dtype=torch.long)
+    coverage = {}
+    if counts is not None and tokens.numel():
+        for size in args.sizes:
+            kept = torch.zeros(info.vocab_size, dtype=torch.bool)
+            kept[frequent_tokens(counts, min(size, info.vocab_size))] = True
+            coverage[size] = float(kept[tokens].float().mean())
+    table = f"First drafts of `{args.head}` on {len(prompts)} {args.benchmark} greedy answers "
+    table += f"({len(ranks)} tokens, {args.dtype})\n\n| answer token | share |\n|---|---:|\n"
+    table += "".join(f"| {b} | {s:.1%} |\n" for b, s in shares.items())
+    table += "\nOf the tokens the head can draft: "
+    table += ", ".join(f"top-{k} {s:.1%}" for k, s in reach.items()) + "\n"
+    if coverage:
+        table += "\n| draft vocabulary (most frequent answer tokens) | answer tokens inside |\n"
+        table += "|---:|---:|\n" + "".join(f"| {n} | {c:.1%} |\n" for n, c in coverage.items())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "args": vars(args),
+        "tokens": len(ranks),
+        "shares": shares,
+        "reach_of_drafted": reach,
+        "vocab_coverage": coverage,
+        "answers": answers,
+        "ranks": ranks,
+    }
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    (out / "results.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
