@@ -113,16 +113,19 @@ def test_bench_first_draft_counts_ranks_and_vocabulary_coverage(
     coverage = {int(n): c for n, c in result["vocab_coverage"].items()}
     assert coverage[vocab_size] == 1.0 and coverage[8] < 1.0
     assert "| rank 1 |" in (tmp_path / "out" / "results.md").read_text()
+    assert (tmp_path / "out" / "first_draft.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_first_draft_ranks_are_the_heads_over_the_whole_answer(
+def test_first_drafts_are_the_heads_over_the_whole_answer(
     tiny_target, head_dir: Path, monkeypatch
 ) -> None:
     """Committing an answer one accepted token at a time, as the decoder does, ranks each token
-    as the head's one causal pass over the whole sequence does."""
+    and overlaps the head's law with the target's as the head's one causal pass over the whole
+    sequence does."""
     from draftsmith.features import FeatureCapture
     from draftsmith.heads import TargetInfo, TargetParts, load_head
     from draftsmith.inference.drafter import make_drafter
+    from draftsmith.inference.verify import Sampling
 
     bench = _script("bench_first_draft", monkeypatch)
     info = TargetInfo.from_hf_config(tiny_target.config)
@@ -130,11 +133,13 @@ def test_first_draft_ranks_are_the_heads_over_the_whole_answer(
     vocab = head.t2d.nonzero().flatten()  # [Vd] target ids, in draft-id order
     prompt, answer = [1, 40, 41, 42, 43], [int(vocab[i]) for i in (3, 7, 3, 11, 0, 5)]
     answer[2] = int((~head.t2d).nonzero()[0])  # one token outside the draft vocabulary
-    aux_layers = head.config.aux_layers
-    ranks = bench.first_draft_ranks(tiny_target, make_drafter(head), aux_layers, prompt, answer)
+    aux_layers, sampling = head.config.aux_layers, Sampling(temperature=0.7)
+    drafts = bench.first_drafts(
+        tiny_target, make_drafter(head), aux_layers, prompt, answer, sampling
+    )
     ids = torch.tensor([prompt + answer])  # [1, S]
     with torch.no_grad(), FeatureCapture(tiny_target, aux_layers) as capture:
-        tiny_target(input_ids=ids)
+        target_logits = tiny_target(input_ids=ids).logits[0]  # [S, V]
         S = ids.shape[1]
         out = head.step(  # pair j: feature j with token j+1, predicting token j+2
             head.feature_input(capture.hidden, capture.aux)[:, : S - 1],
@@ -143,12 +148,18 @@ def test_first_draft_ranks_are_the_heads_over_the_whole_answer(
             head.new_cache(),
         )
         logits = head.draft_logits(out)[0].float()  # [S-1, Vd]
-    expected = []
+    ranks, overlaps = [], []
     for k in range(1, len(answer)):
         row, token = logits[len(prompt) + k - 2], answer[k]
         d = int(head.t2d[: token + 1].sum()) - 1 if head.t2d[token] else -1
-        expected.append(0 if d < 0 else int((row > row[d]).sum()) + 1)
-    assert ranks == expected and 0 in ranks and any(r > 1 for r in ranks)
+        ranks.append(0 if d < 0 else int((row > row[d]).sum()) + 1)
+        p = sampling.probs(target_logits[len(prompt) + k - 1][None])[0]  # [V]
+        q = torch.zeros_like(p).index_copy(0, vocab, torch.softmax(row, -1))  # [V]
+        overlaps.append(float(torch.minimum(p, q).sum()))
+        assert abs(drafts.inside[k - 1] - float(p[vocab].sum())) < 1e-5
+    assert drafts.ranks == ranks and 0 in ranks and any(r > 1 for r in ranks)
+    torch.testing.assert_close(torch.tensor(drafts.overlap), torch.tensor(overlaps))
+    assert all(o <= i + 1e-6 for o, i in zip(drafts.overlap, drafts.inside))
 
 
 def test_bench_train_times_every_head(tmp_path: Path) -> None:
