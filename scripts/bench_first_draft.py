@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from tqdm import tqdm
 from draftsmith.features import FeatureCapture
 from draftsmith.heads import TargetInfo, TargetParts, load_head
 from draftsmith.heads.vocab import answer_token_counts, frequent_tokens
-from draftsmith.inference.drafter import make_drafter
+from draftsmith.inference.drafter import EagleDrafter, ParallelDrafter, make_drafter
 from draftsmith.inference.prompts import first_turns
 from draftsmith.inference.verify import Sampling, generate_kwargs
 from draftsmith.target import load_target, load_tokenizer, stop_token_ids, target_name, torch_dtype
@@ -61,7 +62,12 @@ class FirstDrafts:
 
 @torch.no_grad()
 def first_drafts(
-    target, drafter, aux_layers, prompt: list[int], answer: list[int], sampling: Sampling
+    target: torch.nn.Module,
+    drafter: EagleDrafter | ParallelDrafter,
+    aux_layers: Sequence[int],
+    prompt: list[int],
+    answer: list[int],
+    sampling: Sampling,
 ) -> FirstDrafts:
     """The head's first draft before each answer[k], k >= 1, answer[:k] committed as the
     decoder commits: the prompt's features with their next tokens, then one (feature, token)
@@ -163,8 +169,8 @@ def main() -> None:
     answers, drafts = [], FirstDrafts()
     for prompt in tqdm(prompts, desc="first drafts", unit="prompt"):
         with torch.no_grad():
-            out = target.generate(torch.tensor([prompt]), **kwargs)[0, len(prompt) :]
-        answers.append(out.tolist())
+            answer = target.generate(torch.tensor([prompt]), **kwargs)[0, len(prompt) :]
+        answers.append(answer.tolist())
         one = first_drafts(target, drafter, aux_layers, prompt, answers[-1], sampling)
         drafts.ranks += one.ranks
         drafts.inside += one.inside
