@@ -215,10 +215,11 @@ def main() -> None:
         "sampled_law": law,
         "answers": answers,
         "ranks": ranks,
-        "inside": drafts.inside,
-        "overlap": drafts.overlap,
+        "inside": [round(x, 5) for x in drafts.inside],
+        "overlap": [round(x, 5) for x in drafts.overlap],
     }
-    (out / "results.json").write_text(json.dumps(result, indent=2))
+    # one line: the per-token lists (answers, ranks, laws) are ~10k numbers each
+    (out / "results.json").write_text(json.dumps(result))
     (out / "results.md").write_text(table)
     plot(shares, coverage, table.split("\n")[0], out / "first_draft.png")
     print(table)

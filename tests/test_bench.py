@@ -109,7 +109,7 @@ def test_bench_first_draft_counts_ranks_and_vocabulary_coverage(
     head = load_head(str(head_dir), TargetInfo.from_hf_config(load_config(TINY_NAME)))
     outside = sum(not bool(head.t2d[t]) for a in answers for t in a[1:])
     assert result["shares"]["outside vocabulary"] == outside / result["tokens"]
-    assert (result["ranks"].count(0)) == outside
+    assert result["ranks"].count(0) == outside
     coverage = {int(n): c for n, c in result["vocab_coverage"].items()}
     assert coverage[vocab_size] == 1.0 and coverage[8] < 1.0
     assert "| rank 1 |" in (tmp_path / "out" / "results.md").read_text()
