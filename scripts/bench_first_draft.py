@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from draftsmith.features import FeatureCapture
 from draftsmith.heads import TargetInfo, TargetParts, load_head
-from draftsmith.heads.vocab import answer_token_counts, frequent_tokens
+from draftsmith.heads.vocab import answer_token_counts, build_vocab_mapping, frequent_tokens
 from draftsmith.inference.drafter import EagleDrafter, ParallelDrafter, make_drafter
 from draftsmith.inference.prompts import first_turns
 from draftsmith.inference.verify import Sampling, generate_kwargs
@@ -184,9 +184,8 @@ def main() -> None:
     coverage = {}
     if counts is not None and tokens.numel():
         for size in args.sizes:
-            kept = torch.zeros(info.vocab_size, dtype=torch.bool)
-            kept[frequent_tokens(counts, min(size, info.vocab_size))] = True
-            coverage[size] = float(kept[tokens].float().mean())
+            _, t2d = build_vocab_mapping(counts, min(size, info.vocab_size))  # [V] bool
+            coverage[size] = float(t2d[tokens].float().mean())
     answered = "greedy" if sampling.greedy else f"T={args.temperature:g}"
     table = f"First drafts of `{args.head}` on {len(prompts)} {args.benchmark} {answered} answers "
     table += f"({len(ranks)} tokens, {args.dtype})\n\n| answer token | share |\n|---|---:|\n"
