@@ -27,12 +27,15 @@ CONFIGS = {
     "eagle3": {"name": "eagle3", "draft_vocab_size": 64},
     "eagle1": {"name": "eagle1", "fc_bias": True},
     "medusa": {"name": "medusa", "num_heads": 3, "num_layers": 2},
+    "medusa+own": {"name": "medusa", "num_heads": 2, "num_layers": 1, "own_lm_head": True},
     "hydra": {"name": "hydra", "num_heads": 2},
     "hydra+aux": {"name": "hydra", "num_heads": 2, "aux_layers": [1, 2, 4]},
     "hydra+prefix": {"name": "hydra", "num_heads": 2, "prefix_attention": True},
 }
-# every head in every format it supports, and Hydra with fused layers or prefix attention in its one
+# every head in every format it supports, Medusa-1's own lm_heads in each of Medusa's, and Hydra
+# with fused layers or prefix attention in its one
 ROUND_TRIPS = [(n, f) for n, fs in SUPPORTED.items() for f in fs]
+ROUND_TRIPS += [("medusa+own", f) for f in SUPPORTED["medusa"]]
 ROUND_TRIPS += [("hydra+aux", "native"), ("hydra+prefix", "native")]
 
 
@@ -189,6 +192,15 @@ SNAPSHOTS = {
         {"0.0.linear.weight", "2.1.linear.bias"},
         {"medusa_num_heads": 3, "medusa_num_layers": 2, "version": "2"},
     ),
+    # Medusa-1: each head's own lm_head, after its blocks ({h}.{L}), or vLLM's lm_heads.{h}
+    ("medusa+own", "medusa-vllm"): (
+        {"blocks.1.layers.0.weight", "lm_heads.0.weight", "lm_heads.1.weight"},
+        {"num_heads": 2, "num_hidden_layers": 1, "original_lm_head": False},
+    ),
+    ("medusa+own", "medusa"): (
+        {"0.0.linear.weight", "0.1.weight", "1.1.weight"},
+        {"medusa_num_heads": 2, "medusa_num_layers": 1, "version": "1"},
+    ),
 }
 
 
@@ -203,6 +215,8 @@ def test_key_and_config_snapshots(name, fmt, info, tiny_target, tmp_path: Path) 
     assert all(v.dtype in (torch.bfloat16, torch.int64, torch.bool) for v in weights.values())
     if name == "eagle1":
         assert "layers.0.input_layernorm.weight" not in weights  # EAGLE-1 layer 0 has none
+    if name == "medusa+own":
+        assert "lm_head.weight" not in weights  # no copy of the target's: the heads have their own
 
 
 def test_vllm_names_the_targets_own_class(make_tiny, tmp_path: Path) -> None:

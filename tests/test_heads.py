@@ -323,6 +323,26 @@ def test_medusa_heads_share_no_parameter(info, tiny_target) -> None:
     assert len(pointers) == len(set(pointers)) == 3 * 2 * 2
 
 
+def test_medusa_own_lm_heads_train_as_the_shared_one(info, tiny_target, batch) -> None:
+    """Medusa-1's own lm_heads take the loss by plain autograd over [M, V] logits, not the
+    frozen lm_head's chunked path: started from the target's lm_head, they give the shared
+    head's loss, accuracies and block gradients, and get gradients of their own."""
+    shared = make("medusa", info, tiny_target)
+    own = make("medusa", info, tiny_target, own_lm_head=True)
+    own.blocks.load_state_dict(shared.blocks.state_dict())
+    with torch.no_grad():
+        for lm_head in own.lm_heads:
+            lm_head.weight.copy_(TargetParts.from_model(tiny_target).lm_head.weight)
+    (loss, metrics), (own_loss, own_metrics) = shared.loss(batch), own.loss(batch)
+    assert own_loss.item() == pytest.approx(loss.item(), rel=1e-5)
+    assert own_metrics == pytest.approx(metrics)
+    loss.backward()
+    own_loss.backward()
+    for a, b in zip(shared.blocks.parameters(), own.blocks.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6)
+    assert all(float(h.weight.grad.abs().sum()) > 0 for h in own.lm_heads)
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_save_load_identical_and_target_check(
     name, info, tiny_target, batch, tmp_path: Path, make_tiny
