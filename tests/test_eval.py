@@ -308,6 +308,24 @@ def test_preformatted_held_out_rows_are_prompted_up_to_their_first_reply(
     ]
 
 
+def test_preformatted_benchmark_row_without_a_reply_is_skipped_by_name(tmp_path: Path) -> None:
+    """data.preformatted: a rendered benchmark row with no reply to prompt for is skipped with
+    prepare's reason, named by its line; the others are prompted up to their first reply."""
+    from draftsmith.target import load_tokenizer
+    from draftsmith.tokenize import ConversationTokenizer
+
+    renderer = ConversationTokenizer(load_tokenizer("tiny-random-llama"))
+    chat = [{"role": "user", "content": "Count to 3."}, {"role": "assistant", "content": "1 2 3"}]
+    path = tmp_path / "bench.jsonl"
+    rows = [{"text": renderer.render(chat)}, {"text": "no template here"}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    turns, _, settings, report = evaluate.user_turns(str(path), None, renderer)
+    assert turns == [[renderer.render(chat[:1]) + "<|im_start|>assistant\n"]]
+    assert settings[0].rendered and report.rows_kept == 1
+    assert report.skipped == {"no assistant turn": 1}
+    assert report.examples[0].startswith("line 2: no assistant turn: the text holds no")
+
+
 def test_chat_template_kwargs_reach_every_rendering(tmp_path: Path, head_dir: Path, monkeypatch):
     """target.chat_template_kwargs reach the renderings of prepare (loss masks, regeneration
     prompts), eval (every turn's prompt) and generate."""
