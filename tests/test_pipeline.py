@@ -200,6 +200,14 @@ def test_run_end_to_end_then_skips(
     report = (folder / "results.md").read_text()
     assert "prompt-lookup branch of 3" in report and "ms (target forward " in report
     assert "**eagle3** (its own draft vocabulary of 128 tokens) on " in report
+    # the presets' branch, its length by the match's (copies running on past the context's end)
+    by_match = ["tree.lookup=0", "tree.lookup_by_match=[2,3,6]", "tracking=none"]
+    grafted = evaluate.run(compose([*overrides, *by_match]))
+    assert grafted["tree"]["lookup_by_match"] == [2, 3, 6] and grafted["mismatch"]["checked"]
+    assert grafted["mismatch"]["prompts"] == 0
+    (folder,) = (out / "eval").glob("*-n16-lookup2-3-6-limit3-new16-T0-*")
+    report = (folder / "results.md").read_text()
+    assert "prompt-lookup branch of 2/3/6 tokens by match length" in report
 
     # in bf16 eval packs the target's and the head's linear weights (where oneDNN has bf16
     # kernels) and decodes the same tokens as with the weights as loaded
