@@ -200,7 +200,7 @@ def test_run_end_to_end_then_skips(
     report = (folder / "results.md").read_text()
     assert "prompt-lookup branch of 3" in report and "ms (target forward " in report
     assert "**eagle3** (its own draft vocabulary of 128 tokens) on " in report
-    # the presets' branch, its length by the match's (copies running on past the context's end)
+    # the presets' branch, its length by the match's: lossless too, and named in results.md
     by_match = ["tree.lookup=0", "tree.lookup_by_match=[2,3,6]", "tracking=none"]
     grafted = evaluate.run(compose([*overrides, *by_match]))
     assert grafted["tree"]["lookup_by_match"] == [2, 3, 6] and grafted["mismatch"]["checked"]
