@@ -59,6 +59,12 @@ class FirstDrafts:
     inside: list[float] = field(default_factory=list)
     overlap: list[float] = field(default_factory=list)
 
+    def extend(self, other: FirstDrafts) -> None:
+        """Append another answer's tokens."""
+        self.ranks += other.ranks
+        self.inside += other.inside
+        self.overlap += other.overlap
+
 
 @torch.no_grad()
 def first_drafts(
@@ -159,7 +165,7 @@ def main() -> None:
             raise SystemExit("--draft-vocab-size chooses from prepared data: give --prepared")
         vocab = frequent_tokens(counts, args.draft_vocab_size)
     drafter = make_drafter(head, vocab)
-    aux_layers = getattr(head.config, "aux_layers", None) or ()
+    aux_layers = head.aux_layers
     prompts, _ = first_turns(args.benchmark, tokenizer, args.prompts)
     sampling = Sampling(temperature=args.temperature)
     kwargs = generate_kwargs(
@@ -171,10 +177,7 @@ def main() -> None:
         with torch.no_grad():
             answer = target.generate(torch.tensor([prompt]), **kwargs)[0, len(prompt) :]
         answers.append(answer.tolist())
-        one = first_drafts(target, drafter, aux_layers, prompt, answers[-1], sampling)
-        drafts.ranks += one.ranks
-        drafts.inside += one.inside
-        drafts.overlap += one.overlap
+        drafts.extend(first_drafts(target, drafter, aux_layers, prompt, answers[-1], sampling))
     ranks = drafts.ranks
     total = max(len(ranks), 1)
     shares = {b: sum(bucket(r) == b for r in ranks) / total for b in BUCKETS}
