@@ -139,6 +139,9 @@ class DataConfig:
     limit: int | None = None
     # a dataset's split (hub id or saved folder): null = "train", or its first if it has none
     split: str | None = None
+    # a hub dataset's branch, tag or commit (null: its default branch); prepare reads the commit
+    # it is at and records it, so a dataset updated on the hub since is other data
+    revision: str | None = None
     # "auto" = the tokenizer's chat template; "plain" = role-prefixed text for template-less models
     template: str = "auto"
     # longest tokenized conversation kept, in tokens

@@ -137,6 +137,7 @@ class ReadReport:
     skipped: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)  # first few "<where>: <reason>"
     truncated_bytes: int = 0  # bytes after the last complete record of a cut-off JSON array
+    commit: str | None = None  # a hub dataset's commit the rows were read at (`hub_commit`)
 
     def skip(self, where: str, reason: str) -> None:
         """Count a skipped row; `where` names it ("line 4", "row 3", "b.jsonl line 1")."""
@@ -162,7 +163,7 @@ class ReadReport:
             "skipped": dict(self.skipped),
             "examples": self.examples,
             "truncated_bytes": self.truncated_bytes,
-        }
+        } | ({"commit": self.commit} if self.commit else {})
 
 
 def skipped_text(skipped: Counter, examples: list[str]) -> str:
@@ -484,10 +485,16 @@ def _all_objects(values: list) -> bool:
     return all(isinstance(v, dict) for v in values)
 
 
-def _iter_dataset(source: str, data_files: str | None = None, split: str | None = None):
+def _iter_dataset(
+    source: str,
+    data_files: str | None = None,
+    split: str | None = None,
+    revision: str | None = None,
+):
     """Rows of a saved dataset folder, or of `datasets.load_dataset(source, data_files=...)`
-    (a hub id, a folder of data files, or a builder name such as "parquet" with its files):
-    its `split`, by default "train" or, without one, its first (printed when it has several)."""
+    (a hub id at `revision`, a folder of data files, or a builder name such as "parquet" with
+    its files): its `split`, by default "train" or, without one, its first (printed when it has
+    several)."""
     import datasets
 
     if data_files is not None:
@@ -496,7 +503,7 @@ def _iter_dataset(source: str, data_files: str | None = None, split: str | None 
         ds = datasets.load_from_disk(source)
     else:
         try:
-            ds = datasets.load_dataset(source)
+            ds = datasets.load_dataset(source, revision=revision)
         except (ConnectionError, FileNotFoundError) as err:  # a hub id: not there, or no hub
             raise MissingInput(f"{source}: no such file or folder here; {err}") from None
     if isinstance(ds, datasets.DatasetDict):
@@ -521,27 +528,55 @@ def _source_path(source: str) -> Path:
     return asset_path(source) if source in ASSETS else Path(source).expanduser()
 
 
-def source_digest(source: str) -> str | None:
-    """What the file or folder `source` reads holds (`files.content_digest`); None for a hub
-    id or a source not on this machine now (an asset not fetched, a file moved away)."""
+def source_digest(source: str, revision: str | None = None) -> str | None:
+    """What `source` holds: a file's or folder's `files.content_digest`, a hub dataset's
+    commit at `revision` (`hub_commit`; a commit is itself a digest of its files); None for a
+    source not here to read now (an asset not fetched, a file moved away, the hub offline)."""
     try:
         path = _source_path(source)
     except AssetError:
         return None
+    if _is_hub_id(source, path):
+        return hub_commit(source, revision)
     return content_digest(path) if path.exists() else None
 
 
-def read_conversations(
-    source: str, limit: int | None = None, split: str | None = None
-) -> tuple[list[Conversation], ReadReport]:
-    """Read up to `limit` valid conversations from a file, folder, HF dataset (its `split`) or
-    asset name."""
-    path = _source_path(source)
-    # a file's name or a path, not a hub id: missing, it is no dataset to look for on the hub
+def hub_commit(source: str, revision: str | None = None) -> str | None:
+    """The commit hub dataset `source`'s `revision` (a branch, tag or commit; None: its default
+    branch) is at now: reading at it reads what was recorded even if the branch moves meanwhile,
+    and a later commit is other data. None when the hub does not answer (offline, unreachable,
+    no such dataset: the read itself then says so, or reads datasets' cache)."""
+    from huggingface_hub import HfApi
+
+    try:
+        return HfApi().dataset_info(source, revision=revision).sha
+    except Exception:  # noqa: BLE001 (whatever the hub or the network said: no commit to name)
+        return None
+
+
+def _is_hub_id(source: str, path: Path) -> bool:
+    """`source` names a hub dataset: no asset, nothing at its path here, and not written as a
+    path or a file's name (`./x`, `~/x`, `x.jsonl`: missing, it is no dataset to look for on the
+    hub)."""
     local = source.startswith(("/", "./", "../", "~")) or source.endswith(_SUFFIXES)
-    if local and not path.exists():
+    return source not in ASSETS and not local and not path.exists()
+
+
+def read_conversations(
+    source: str, limit: int | None = None, split: str | None = None, revision: str | None = None
+) -> tuple[list[Conversation], ReadReport]:
+    """Read up to `limit` valid conversations from a file, folder, HF dataset (its `split`; a
+    hub one at `revision`, its commit recorded in the report) or asset name."""
+    path = _source_path(source)
+    hub = _is_hub_id(source, path)
+    if not hub and not path.exists() and source not in ASSETS:  # a path or a file's name
         raise MissingInput(f"{source}: no such file or folder")
-    report = ReadReport(source=str(source))
+    if revision is not None and not hub:
+        raise InputError(
+            f"data.revision={revision}: {source} is read from this machine, not from the hub, "
+            "and has no revisions (drop data.revision)"
+        )
+    report = ReadReport(source=str(source), commit=hub_commit(source, revision) if hub else None)
     files = (
         sorted(
             p for p in path.iterdir() if p.name.endswith(_JSON_SUFFIXES) or p.suffix in _BUILDERS
@@ -565,7 +600,14 @@ def read_conversations(
             for where, record in _iter_records(p, report)
         )
     else:  # a saved dataset, a folder of Parquet/Arrow/CSV files (datasets finds them), a hub id
-        located = _numbered(_iter_dataset(str(path) if path.is_dir() else str(source), split=split))
+        # a hub dataset read at the commit the report names, not wherever its branch is by then
+        located = _numbered(
+            _iter_dataset(
+                str(path) if path.is_dir() else str(source),
+                split=split,
+                revision=report.commit or revision,
+            )
+        )
     conversations: list[Conversation] = []
     for index, (where, record) in enumerate(located):
         if limit is not None and len(conversations) >= limit:

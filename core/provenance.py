@@ -1,7 +1,8 @@
 """What a finished stage's output was made from, so it is never taken for one made with other
 settings: prepare writes `<stage dir>/settings.json` when it completes (with a digest of the data
-source's files, so one edited in place is other data), train when it starts
-(so a training killed mid-way is resumed only with the settings its checkpoints were made with);
+source's files, so one edited in place is other data, or the commit a hub dataset was read at),
+train when it starts (so a training killed mid-way is resumed only with the settings its
+checkpoints were made with);
 collect's index.json records its own (target, dtypes).
 
 Lineage: prepare, collect and train give each finished output an id ("made": in stats.json,
@@ -98,9 +99,10 @@ def stage_settings(cfg: Config, stage: str) -> dict[str, Any]:
             "seed": cfg.seed,
             **data,
         }
-        # the data's content: a file edited in place under the same data.path is other data; a
-        # source not on this machine now (not fetched, moved away) is not compared
-        if (digest := source_digest(cfg.data.path)) is not None:
+        # the data's content: a file edited in place under the same data.path, or a hub dataset
+        # at another commit, is other data; a source not here to read now (not fetched, moved
+        # away, the hub offline) is not compared
+        if (digest := source_digest(cfg.data.path, cfg.data.revision)) is not None:
             settings["data.sha256"] = digest
     elif stage == "collect":
         # the aux layers are checked against the head's when training reads the features

@@ -133,7 +133,7 @@ class _Pass:
     conversations: list[list[str]]
     categories: list[str]
     skipped: dict[str, int]  # the benchmark's rows not read as prompts, by reason
-    benchmark_sha256: str | None  # what the benchmark's file held when read (None: a hub id)
+    benchmark_sha256: str | None  # what the benchmark held when read (`source_digest`)
     info: TargetInfo
     packed: int
     tokens: dict[str, int]
@@ -255,6 +255,7 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
     )
     if report.skipped and shard == 0:  # every worker reads the benchmark; one says so
         print(report.summary())
+    digest = report.commit or digest  # a hub dataset: the commit read, even if its branch moved
     if e.turns == "first":
         conversations = [turns[:1] for turns in conversations]
     sampling = Sampling(e.temperature, e.top_p, e.top_k)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -54,3 +57,48 @@ def head_dir(tmp_path: Path, tiny_target) -> Path:
     info = TargetInfo.from_hf_config(tiny_target.config)
     head = build_head({"name": "eagle3", "draft_vocab_size": 128}, info)
     return head.save(tmp_path / "head")
+
+
+class FakeHub:
+    """A dataset hub in memory (the machine has none): `push` makes a commit of rows on a branch
+    or tag; `HfApi.dataset_info` resolves a branch, tag or commit to its commit, and
+    `datasets.load_dataset` reads a commit only, so a read that was not pinned to the commit it
+    recorded fails rather than read wherever the branch is by then."""
+
+    def __init__(self) -> None:
+        self.refs: dict[tuple[str, str], str] = {}  # (repo, branch or tag) -> commit
+        self.commits: dict[str, tuple[str, list[dict]]] = {}  # commit -> (repo, rows)
+        self.online = True
+
+    def push(self, repo: str, rows: list[dict], ref: str = "main") -> str:
+        commit = hashlib.sha1(json.dumps([repo, rows, len(self.commits)]).encode()).hexdigest()
+        self.commits[commit] = (repo, rows)
+        self.refs[repo, ref] = commit
+        return commit
+
+    def dataset_info(self, repo_id: str, revision: str | None = None, **_) -> SimpleNamespace:
+        if not self.online:
+            raise ConnectionError("the hub is not reachable")
+        ref = revision or "main"
+        commit = self.refs.get((repo_id, ref), ref)
+        if self.commits.get(commit, ("",))[0] != repo_id:
+            raise LookupError(f"{repo_id}: no revision {ref}")
+        return SimpleNamespace(sha=commit)
+
+    def load_dataset(self, source: str, revision: str | None = None, **_):
+        import datasets
+
+        repo, rows = self.commits[revision]  # a branch name, or none: KeyError
+        assert repo == source
+        return datasets.Dataset.from_list(rows)
+
+
+@pytest.fixture
+def fake_hub(monkeypatch) -> FakeHub:
+    import datasets
+    from huggingface_hub import HfApi
+
+    hub = FakeHub()
+    monkeypatch.setattr(HfApi, "dataset_info", hub.dataset_info)
+    monkeypatch.setattr(datasets, "load_dataset", hub.load_dataset)
+    return hub

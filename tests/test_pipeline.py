@@ -223,7 +223,7 @@ def test_run_end_to_end_then_skips(
     assert packed["mismatch"]["prompts"] == plain["mismatch"]["prompts"]
 
 
-def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path) -> None:
+def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path, fake_hub) -> None:
     """Lineage: a training deleted and trained again (as a refusal suggests) leaves an eval and
     an export of the earlier head, which `draftsmith run` makes again, also in a later
     invocation, rather than report them as the new head's; data prepared again makes the
@@ -313,6 +313,14 @@ def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path) ->
     assert statuses(f"eval.benchmark={bench}")[3] == "already complete"
     bench.write_text(json.dumps({"prompt": "Say 4 twice."}) + "\n")
     assert statuses(f"eval.benchmark={bench}")[3] == "done"
+    # a hub benchmark: measured again once its branch moved to another commit
+    fake_hub.push("acme/bench", [{"prompt": "Say 5 twice."}])
+    assert statuses("eval.benchmark=acme/bench")[3] == "done"
+    assert statuses("eval.benchmark=acme/bench")[3] == "already complete"
+    moved = fake_hub.push("acme/bench", [{"prompt": "Say 6 twice."}])
+    assert statuses("eval.benchmark=acme/bench")[3] == "done"
+    (results,) = (out / "eval").glob("bench-*/results.json")  # named by the id's last part
+    assert json.loads(results.read_text())["benchmark_sha256"] == moved
 
 
 def test_summary_prints_only_what_was_measured() -> None:

@@ -740,3 +740,40 @@ def test_preview_marks_the_learned_tokens_and_names_skips(tmp_path: Path) -> Non
     # data.last_reply_only reaches prepare's renderer: "Bye." <|im_end|> "\n" alone
     assert preview.run(compose([*overrides, "data.last_reply_only=true"]), io.StringIO())["ok"] == 6
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_hub_dataset_is_read_and_recorded_at_its_commit(tmp_path: Path, fake_hub) -> None:
+    """A hub dataset is read at the commit its branch (or data.revision) is at, and prepare
+    records that commit: the branch moved on since is other data, refused naming the commits; the
+    hub offline leaves nothing to compare; a revision of a local file is refused."""
+    from draftsmith.train import prepare
+
+    def rows(answer: str) -> list[dict]:
+        return [{"prompt": f"Say {i}.", "response": f"{answer} {i}."} for i in range(4)]
+
+    first = fake_hub.push("acme/chats", rows("Sure"))
+    fake_hub.refs["acme/chats", "v1"] = first
+    common = [f"runs_dir={tmp_path}/runs", "target=tiny-random-llama", "data.heldout=1"]
+    cfg = compose([*common, "data.path=acme/chats"])
+    stats = prepare.run(cfg)
+    assert stats["source"]["commit"] == first and stats["rows"]["train"] == 3
+    settings = json.loads(Path(cfg.stage_dir("prepare"), "settings.json").read_text())
+    assert settings["data.sha256"] == first
+    moved = fake_hub.push("acme/chats", rows("Okay"))
+    with pytest.raises(ValueError, match=f"data.sha256: {first} -> {moved}"):
+        prepare.run(cfg)
+    fake_hub.online = False  # nothing to compare: the prepared data stands
+    assert prepare.run(cfg)["source"]["commit"] == first
+    fake_hub.online = True
+    # pinned by its tag while main is elsewhere: the tag's rows
+    pinned = prepare.run(
+        compose([*common, "run_name=pinned", "data.path=acme/chats", "data.revision=v1"])
+    )
+    assert pinned["source"]["commit"] == first and pinned["tokens"] == stats["tokens"]
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows("Sure")))
+    local = compose([*common, "run_name=local", f"data.path={data}", "data.revision=v1"])
+    with pytest.raises(
+        ValueError, match=r"data.revision=v1: .*chats.jsonl is read from this machine"
+    ):
+        prepare.run(local)

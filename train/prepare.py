@@ -93,8 +93,10 @@ def run(cfg: Config) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     settings = stage_settings(cfg, "prepare")  # the data's digest as read, not as edited since
     d = cfg.data
-    conversations, report = read_conversations(d.path, limit=d.limit, split=d.split)
+    conversations, report = read_conversations(d.path, d.limit, d.split, d.revision)
     print(report.summary())
+    if report.commit is not None:  # the hub dataset's commit read, even if its branch moved
+        settings["data.sha256"] = report.commit
     random.Random(cfg.seed).shuffle(conversations)
     heldout_count = min(d.heldout, max(len(conversations) // 10, 1))
     splits = {"heldout": conversations[:heldout_count], "train": conversations[heldout_count:]}

@@ -24,7 +24,9 @@ MARKS = {False: ("⟦", "⟧"), True: ("\033[42m", "\033[0m")}  # by whether `ou
 def run(cfg: Config, out: TextIO | None = None) -> dict:
     """Print the preview to `out` (stdout); returns {id: learned tokens, or the skip reason}."""
     out = out or sys.stdout
-    conversations, report = read_conversations(cfg.data.path, cfg.data.preview, cfg.data.split)
+    conversations, report = read_conversations(
+        cfg.data.path, cfg.data.preview, cfg.data.split, cfg.data.revision
+    )
     renderer = conversation_renderer(cfg)
     start, end = MARKS[out.isatty()]
     print(report.summary(), file=out)
