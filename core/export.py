@@ -18,12 +18,12 @@ from draftsmith.target import load_config, load_target, target_name
 
 def run(cfg: Config) -> Path:
     e = cfg.export  # its format is one of FORMATS (checked with the config)
-    trust = cfg.target.trust_remote_code
+    trust, revision = cfg.target.trust_remote_code, cfg.target.revision
     # the head borrows the target's embeddings, final norm and lm_head only (an 8B target's
     # layers would take ~30 GB of RAM in fp32 here)
-    target = load_target(cfg.target.path, "float32", "cpu", trust, layers=False)
+    target = load_target(cfg.target.path, "float32", "cpu", trust, layers=False, revision=revision)
     info = TargetInfo.from_hf_config(
-        load_config(cfg.target.path, trust), target_name(cfg.target.path)
+        load_config(cfg.target.path, trust, revision), target_name(cfg.target.path)
     )
     head = load_head(cfg.resolved_head_path(), info).bind(TargetParts.from_model(target))
     out = Path(export_dir(cfg))

@@ -41,6 +41,7 @@ RECORD = "settings.json"
 # collect's settings under the names its index.json gives them
 COLLECT_INDEX = {
     "target.path": "target_path",
+    "target.revision": "target_revision",
     "dtype": "compute_dtype",
     "collect.storage_dtype": "storage_dtype",
 }
@@ -87,7 +88,7 @@ def _flat(prefix: str, section: Any) -> dict[str, Any]:
 
 def stage_settings(cfg: Config, stage: str) -> dict[str, Any]:
     """The settings `stage`'s output depends on, flattened to "section.key" names."""
-    target = {"target.path": cfg.target.path}
+    target = {"target.path": cfg.target.path, "target.revision": cfg.target.revision}
     if stage == "prepare":
         data = _flat("data", cfg.data)
         if not cfg.data.regenerate:  # answers are the data's own: how to regenerate is moot

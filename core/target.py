@@ -1,7 +1,8 @@
 """Load a target causal LM (local folder, hub id, embedded asset or the tiny test target).
 
 This is the one place that turns a user's `target.path` into a model and tokenizer, so every
-stage agrees on dtype handling, `trust_remote_code` (off unless asked) and error messages.
+stage agrees on dtype handling, a hub target's revision, `trust_remote_code` (off unless asked)
+and error messages.
 """
 
 from __future__ import annotations
@@ -68,8 +69,19 @@ def local_only(name_or_path: str) -> bool:
     return name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1
 
 
-def resolve_target_path(name_or_path: str) -> str:
-    """Asset name -> cached folder; `tiny-random-llama` -> built tiny target; else unchanged."""
+def resolve_target_path(name_or_path: str, revision: str | None = None) -> str:
+    """Asset name -> cached folder; `tiny-random-llama` -> built tiny target; else unchanged.
+    `revision` (target.revision) is a hub target's branch, tag or commit: refused for any other."""
+    if revision is not None and (
+        name_or_path == TINY_NAME
+        or name_or_path in ASSETS
+        or local_only(name_or_path)
+        or Path(name_or_path).is_dir()
+    ):
+        raise InputError(
+            f"target.revision={revision}: {name_or_path!r} is loaded from this machine, not from "
+            "the hub, and has no revisions (drop target.revision)"
+        )
     if name_or_path == TINY_NAME:
         return str(tiny_target_path())
     if name_or_path in ASSETS:
@@ -106,15 +118,20 @@ def _unloadable(name_or_path: str, err: OSError) -> AssetError:
 
 
 def load_tokenizer(
-    name_or_path: str, trust_remote_code: bool = False, chat_template: str | None = None
+    name_or_path: str,
+    trust_remote_code: bool = False,
+    chat_template: str | None = None,
+    revision: str | None = None,
 ):
-    """The target's tokenizer; `chat_template` (target.chat_template: a file or the template's
-    text) replaces its own chat template."""
+    """The target's tokenizer (a hub target's at `revision`); `chat_template`
+    (target.chat_template: a file or the template's text) replaces its own chat template."""
     from transformers import AutoTokenizer
 
-    path = resolve_target_path(name_or_path)
+    path = resolve_target_path(name_or_path, revision)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=trust_remote_code, revision=revision
+        )
     except OSError as err:
         raise _unloadable(name_or_path, err) from err
     if tokenizer.pad_token_id is None:
@@ -122,11 +139,11 @@ def load_tokenizer(
     if chat_template is not None:
         tokenizer.chat_template = chat_template_text(chat_template)
     elif tokenizer.chat_template is None:
-        tokenizer.chat_template = _processor_chat_template(path)
+        tokenizer.chat_template = _processor_chat_template(path, revision)
     return tokenizer
 
 
-def _processor_chat_template(path: str) -> str | None:
+def _processor_chat_template(path: str, revision: str | None) -> str | None:
     """The template an image-text checkpoint keeps for its processor only (Qwen2.5-VL's
     chat_template.json), which its tokenizer does not load; None when there is none."""
     from transformers.utils import cached_file
@@ -134,6 +151,7 @@ def _processor_chat_template(path: str) -> str | None:
     found = cached_file(
         path,
         "chat_template.json",
+        revision=revision,
         local_files_only=os.path.isdir(path),
         _raise_exceptions_for_missing_entries=False,
         _raise_exceptions_for_connection_errors=False,
@@ -147,7 +165,9 @@ def _processor_chat_template(path: str) -> str | None:
 def target_tokenizer(target: TargetConfig):
     """The tokenizer every stage renders with: `target.path`'s, with `target.chat_template` in
     place of its own when set (trust_remote_code as the config says)."""
-    return load_tokenizer(target.path, target.trust_remote_code, target.chat_template)
+    return load_tokenizer(
+        target.path, target.trust_remote_code, target.chat_template, target.revision
+    )
 
 
 def chat_template_digest(value: str | None) -> str | None:
@@ -179,6 +199,7 @@ def load_target(
     trust_remote_code: bool = False,
     attn_implementation: str | None = "sdpa",
     layers: bool = True,
+    revision: str | None = None,
 ):
     """Load a frozen target model in eval mode: a causal LM, or an image-text model transformers
     builds none of (decoding text, it is one).
@@ -193,21 +214,24 @@ def load_target(
             read: its embeddings, final norm and lm_head are what a head trains against on
             collected features, and an 8B target's layers would hold ~15 GB on every rank.
             Its config then says 0 layers (`load_config` gives the checkpoint's).
+        revision: a hub target's branch, tag or commit (target.revision; None: its default
+            branch).
 
     Returns:
         The model (requires_grad off everywhere).
     """
     check_device(device)
-    path = resolve_target_path(name_or_path)
+    path = resolve_target_path(name_or_path, revision)
     local = os.path.isdir(path)
     kwargs = {
         "dtype": torch_dtype(dtype),
         "trust_remote_code": trust_remote_code,
         "attn_implementation": attn_implementation,
         "local_files_only": local,
+        "revision": revision,
     }
     try:
-        config = load_config(name_or_path, trust_remote_code)
+        config = load_config(name_or_path, trust_remote_code, revision)
         model = None if layers else _without_layers(path, config, kwargs)
         if model is None:
             model = auto_model_class(config).from_pretrained(path, config=config, **kwargs)
@@ -219,7 +243,9 @@ def load_target(
         # architectures transformers runs eagerly only (Gemma 2's softcapped attention logits,
         # GPT-OSS's attention sinks): their eager attention also verifies trees, taking the tree
         # mask as it is (inference/attention.py: tree_implementation)
-        return load_target(name_or_path, dtype, device, trust_remote_code, "eager", layers)
+        return load_target(
+            name_or_path, dtype, device, trust_remote_code, "eager", layers, revision
+        )
     model.to(device)
     model.eval()
     model.requires_grad_(False)
@@ -230,14 +256,17 @@ def load_target(
     return model
 
 
-def load_config(name_or_path: str, trust_remote_code: bool = False):
+def load_config(name_or_path: str, trust_remote_code: bool = False, revision: str | None = None):
     """The target's transformers config (the checkpoint's, whatever `load_target` builds)."""
     from transformers import AutoConfig
 
-    path = resolve_target_path(name_or_path)
+    path = resolve_target_path(name_or_path, revision)
     try:
         return AutoConfig.from_pretrained(
-            path, trust_remote_code=trust_remote_code, local_files_only=os.path.isdir(path)
+            path,
+            trust_remote_code=trust_remote_code,
+            local_files_only=os.path.isdir(path),
+            revision=revision,
         )
     except OSError as err:
         raise _unloadable(name_or_path, err) from err

@@ -18,7 +18,13 @@ def decoding_target(cfg: Config) -> tuple[torch.nn.Module, TargetInfo, TargetPar
     """The target as every decoding method runs it: loaded in cfg's dtype, its linear weights
     packed for oneDNN where `target.pack_linears` allows (not with `eval.compile`); returns it,
     its shapes, its shared parts and the number of packed layers."""
-    target = load_target(cfg.target.path, cfg.dtype, cfg.device, cfg.target.trust_remote_code)
+    target = load_target(
+        cfg.target.path,
+        cfg.dtype,
+        cfg.device,
+        cfg.target.trust_remote_code,
+        revision=cfg.target.revision,
+    )
     packed = pack_linears(target) if _packs(cfg) else 0
     info = TargetInfo.from_hf_config(target.config, target_name(cfg.target.path))
     return target, info, TargetParts.from_model(target), packed

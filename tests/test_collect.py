@@ -146,3 +146,41 @@ def test_workers_collect_the_same_shards(tmp_path: Path) -> None:
             for key in a:
                 torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-3)
     assert collect.verify_shards(two) == sum(len(s["shards"]) for s in index_one["splits"].values())
+
+
+def test_a_hub_target_is_collected_at_its_revision(tmp_path: Path, monkeypatch) -> None:
+    """target.revision reaches what transformers reads of a hub target: collected at a tag, the
+    features are that commit's, byte for byte as from its folder, not the default branch's; the
+    index records the tag, so another is other settings. A target on this machine has no
+    revisions: refused naming the key. The hub is a cache laid out as huggingface_hub keeps
+    one, read offline (the machine has no hub)."""
+    from huggingface_hub import constants
+
+    from draftsmith.target import load_tokenizer
+    from draftsmith.tiny import TINY_NAME, build_tiny_target
+
+    repo = tmp_path / "hub" / "models--acme--tiny"
+    for seed, commit in [(0, "a" * 40), (1, "b" * 40)]:
+        build_tiny_target(repo / "snapshots" / commit, seed=seed)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    (repo / "refs" / "v1").write_text("b" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    def shards(name: str, *target: str) -> tuple[list[str], list[str]]:
+        (tmp_path / name).mkdir()
+        overrides = tiny_run(tmp_path / name, rows=12, extra=list(target))
+        index = json.loads((tmp_path / name / "runs/t/collect/index.json").read_text())
+        assert index["target_revision"] == next(
+            (t.split("=")[1] for t in target if t.startswith("target.revision=")), None
+        )
+        return overrides, [s["sha256"] for s in index["splits"]["train"]["shards"]]
+
+    pinned, at_v1 = shards("v1", "target.path=acme/tiny", "target.revision=v1")
+    assert at_v1 == shards("b", f"target.path={repo / 'snapshots' / ('b' * 40)}")[1]
+    assert at_v1 != shards("main", "target.path=acme/tiny")[1]
+    with pytest.raises(ValueError, match=r"other settings \(\{'target_revision': 'v1'\}\)"):
+        collect.run(compose([*pinned, "target.revision=main"]))
+    with pytest.raises(ValueError, match="target.revision=v1: 'tiny-random-llama' is loaded from"):
+        load_tokenizer(TINY_NAME, revision="v1")

@@ -135,7 +135,13 @@ SPLITS = ("train", "heldout")
 
 
 def _collecting_target(cfg: Config, device: str):
-    target = load_target(cfg.target.path, cfg.dtype, device, cfg.target.trust_remote_code)
+    target = load_target(
+        cfg.target.path,
+        cfg.dtype,
+        device,
+        cfg.target.trust_remote_code,
+        revision=cfg.target.revision,
+    )
     TargetParts.from_model(target).check(target)  # an unknown logit transform fails here, early
     return target
 
@@ -215,7 +221,9 @@ def run(cfg: Config) -> dict:
     config = (
         target.config
         if target is not None
-        else served_target(cfg.target.path, cfg.target.trust_remote_code).config
+        else served_target(
+            cfg.target.path, cfg.target.trust_remote_code, cfg.target.revision
+        ).config
     )
     info = TargetInfo.from_hf_config(config)  # an image-text model's: its text decoder's
     n_layers = info.num_layers
@@ -223,6 +231,7 @@ def run(cfg: Config) -> dict:
     header = {
         "target": target_name(cfg.target.path),
         "target_path": cfg.target.path,
+        "target_revision": cfg.target.revision,
         "hidden_size": info.hidden_size,
         "vocab_size": info.vocab_size,
         "num_layers": n_layers,

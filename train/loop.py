@@ -114,13 +114,15 @@ def setup(cfg: Config, rank: int):
     random.seed(cfg.seed)
     t = cfg.train
     online = t.source == "online"
-    trust = cfg.target.trust_remote_code
+    trust, revision = cfg.target.trust_remote_code, cfg.target.revision
     # on collected features the head needs the target's embeddings, final norm and lm_head
     # only: its layers stay on disk. The check below still covers the logit transform; collect
     # checked the whole model's logits
-    target = load_target(cfg.target.path, cfg.dtype, cfg.device, trust, layers=online)
+    target = load_target(
+        cfg.target.path, cfg.dtype, cfg.device, trust, layers=online, revision=revision
+    )
     info = TargetInfo.from_hf_config(
-        load_config(cfg.target.path, trust), target_name(cfg.target.path)
+        load_config(cfg.target.path, trust, revision), target_name(cfg.target.path)
     )
     head = build_head(cfg.head, info).bind(TargetParts.from_model(target).check(target))
     aux_layers = head.aux_layers

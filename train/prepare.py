@@ -69,13 +69,14 @@ def _answering_target(cfg: Config):
     """The target as regeneration runs it: loaded (packed: the same answers, faster), or only
     its config files when servers run it (data.regen.engine=server)."""
     if cfg.data.regen.engine == "server":
-        return served_target(cfg.target.path, cfg.target.trust_remote_code)
+        return served_target(cfg.target.path, cfg.target.trust_remote_code, cfg.target.revision)
     target = load_target(
         cfg.target.path,
         cfg.dtype,
         cfg.device,
         cfg.target.trust_remote_code,
         attn_implementation=cfg.data.regen.attn_implementation,
+        revision=cfg.target.revision,
     )
     if cfg.target.pack_linears:
         pack_linears(target)

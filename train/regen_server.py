@@ -59,13 +59,17 @@ class ServedTarget:
     generation_config: Any
 
 
-def served_target(name_or_path: str, trust_remote_code: bool = False) -> ServedTarget:
+def served_target(
+    name_or_path: str, trust_remote_code: bool = False, revision: str | None = None
+) -> ServedTarget:
     from transformers import AutoConfig, GenerationConfig
 
-    path = resolve_target_path(name_or_path)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    path = resolve_target_path(name_or_path, revision)
+    config = AutoConfig.from_pretrained(
+        path, trust_remote_code=trust_remote_code, revision=revision
+    )
     try:
-        generation = GenerationConfig.from_pretrained(path)
+        generation = GenerationConfig.from_pretrained(path, revision=revision)
     except OSError:  # no generation_config.json: the model config's special tokens
         generation = GenerationConfig.from_model_config(config)
     return ServedTarget(config, special_tokens_only(generation))
