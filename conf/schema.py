@@ -319,6 +319,9 @@ class ExportConfig:
 class EvalConfig(SamplingKeys):
     # prompts: mt-bench | humaneval | heldout (prepared data) | a file or folder of conversations
     benchmark: str = "mt-bench"
+    # a hub benchmark's branch, tag or commit (null: its default branch); the commit read is
+    # recorded with the results, so a benchmark updated on the hub since is measured again
+    revision: str | None = None
     # first N conversations (null = all)
     limit: int | None = 80
     # user turns decoded per conversation: "first" (the goals' protocol) or "all" (later turns

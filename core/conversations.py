@@ -572,9 +572,9 @@ def read_conversations(
     if not hub and not path.exists() and source not in ASSETS:  # a path or a file's name
         raise MissingInput(f"{source}: no such file or folder")
     if revision is not None and not hub:
-        raise InputError(
-            f"data.revision={revision}: {source} is read from this machine, not from the hub, "
-            "and has no revisions (drop data.revision)"
+        raise InputError(  # data.revision's or eval.revision's: both name a hub dataset's
+            f"revision {revision}: {source} is read from this machine, not from the hub, and has "
+            "no revisions (drop data.revision or eval.revision)"
         )
     report = ReadReport(source=str(source), commit=hub_commit(source, revision) if hub else None)
     files = (

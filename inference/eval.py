@@ -245,13 +245,14 @@ def _decode(cfg: Config, shard: int = 0) -> _Pass:
             )
         contenders.append(_Contender(run, head_path, decoder, draft))
     e = cfg.eval
-    digest = source_digest(benchmark_source(cfg))  # before reading: as read, not as edited since
+    # before reading: as read, not as edited since
+    digest = source_digest(benchmark_source(cfg), cfg.eval.revision)
     # data.preformatted: `text` rows are rendered conversations, read as prepare reads them
     renderer = None
     if cfg.data.preformatted:
         renderer = ConversationTokenizer(tokenizer, template, template_kwargs=template_kwargs)
     conversations, categories, settings, report = user_turns(
-        benchmark_source(cfg), e.limit, renderer
+        benchmark_source(cfg), e.limit, renderer, e.revision
     )
     if report.skipped and shard == 0:  # every worker reads the benchmark; one says so
         print(report.summary())

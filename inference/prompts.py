@@ -40,16 +40,20 @@ class Setting:
 
 
 def user_turns(
-    source: str, limit: int | None = None, rendered: ConversationTokenizer | None = None
+    source: str,
+    limit: int | None = None,
+    rendered: ConversationTokenizer | None = None,
+    revision: str | None = None,
 ) -> tuple[list[list[str]], list[str], list[Setting], ReadReport]:
     """User turns of the first `limit` conversations of `source` (file, folder, HF dataset or
-    asset name), each conversation's category ("" where the source names none) and setting,
+    asset name; a hub one at `revision`), each conversation's category ("" where the source
+    names none) and setting,
     and the read's report: a row that is not a conversation with a user turn is skipped and
     counted there (printed by the callers, recorded in the results), never dropped unseen.
     With `rendered` (data.preformatted: the renderer prepare reads rendered rows with), a `text`
     row is a rendered conversation whose one turn is its text up to where its first reply starts
     (`ConversationTokenizer.rendered_spans`, as prepare finds it): the prompt of that reply."""
-    conversations, report = read_conversations(source, limit=limit)
+    conversations, report = read_conversations(source, limit=limit, revision=revision)
     kept = []
     for conv in conversations:
         if rendered is not None and conv.rendered:

@@ -72,7 +72,7 @@ def _benchmark_digest(cfg: Config) -> str | None:
     """The benchmark file's `source_digest`; None when there is none to read now (a held-out
     benchmark whose prepared data is gone: made again, the eval is stale by its lineage)."""
     try:
-        return source_digest(benchmark_source(cfg))
+        return source_digest(benchmark_source(cfg), cfg.eval.revision)
     except FileNotFoundError:
         return None
 

@@ -314,13 +314,19 @@ def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path, fa
     bench.write_text(json.dumps({"prompt": "Say 4 twice."}) + "\n")
     assert statuses(f"eval.benchmark={bench}")[3] == "done"
     # a hub benchmark: measured again once its branch moved to another commit
-    fake_hub.push("acme/bench", [{"prompt": "Say 5 twice."}])
+    first = fake_hub.push("acme/bench", [{"prompt": "Say 5 twice."}])
     assert statuses("eval.benchmark=acme/bench")[3] == "done"
     assert statuses("eval.benchmark=acme/bench")[3] == "already complete"
     moved = fake_hub.push("acme/bench", [{"prompt": "Say 6 twice."}])
     assert statuses("eval.benchmark=acme/bench")[3] == "done"
     (results,) = (out / "eval").glob("bench-*/results.json")  # named by the id's last part
     assert json.loads(results.read_text())["benchmark_sha256"] == moved
+    # pinned to the first commit by a tag (another eval setting): measured again, on that commit
+    fake_hub.refs["acme/bench", "v1"] = first
+    assert statuses("eval.benchmark=acme/bench", "eval.revision=v1")[3] == "done"
+    assert json.loads(results.read_text())["benchmark_sha256"] == first
+    with pytest.raises(ValueError, match=r"revision v1: .*bench.jsonl is read from this machine"):
+        statuses(f"eval.benchmark={bench}", "eval.revision=v1")
 
 
 def test_summary_prints_only_what_was_measured() -> None:
