@@ -35,7 +35,7 @@ from draftsmith.conf.schema import Config
 from draftsmith.conversations import source_digest
 from draftsmith.errors import InputError
 from draftsmith.files import write_text_atomic
-from draftsmith.target import chat_template_digest
+from draftsmith.target import chat_template_digest, target_commit
 
 RECORD = "settings.json"
 # collect's settings under the names its index.json gives them
@@ -88,7 +88,8 @@ def _flat(prefix: str, section: Any) -> dict[str, Any]:
 
 def stage_settings(cfg: Config, stage: str) -> dict[str, Any]:
     """The settings `stage`'s output depends on, flattened to "section.key" names."""
-    target = {"target.path": cfg.target.path, "target.revision": cfg.target.revision}
+    # a hub target's commit: its branch moved on since is another target
+    target = {"target.path": cfg.target.path, "target.revision": target_commit(cfg.target)}
     if stage == "prepare":
         data = _flat("data", cfg.data)
         if not cfg.data.regenerate:  # answers are the data's own: how to regenerate is moot
@@ -124,6 +125,13 @@ def stage_settings(cfg: Config, stage: str) -> dict[str, Any]:
     else:
         raise ValueError(f"no settings are recorded for stage {stage!r}")
     return settings
+
+
+def pin_target(cfg: Config) -> None:
+    """Set cfg.target.revision to the commit a hub target is at now (`target_commit`), so every
+    load of this stage reads the commit its records name (a no-op for a target on this
+    machine)."""
+    cfg.target = dataclasses.replace(cfg.target, revision=target_commit(cfg.target))
 
 
 def record(cfg: Config, stage: str, settings: dict[str, Any] | None = None) -> None:

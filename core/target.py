@@ -72,12 +72,7 @@ def local_only(name_or_path: str) -> bool:
 def resolve_target_path(name_or_path: str, revision: str | None = None) -> str:
     """Asset name -> cached folder; `tiny-random-llama` -> built tiny target; else unchanged.
     `revision` (target.revision) is a hub target's branch, tag or commit: refused for any other."""
-    if revision is not None and (
-        name_or_path == TINY_NAME
-        or name_or_path in ASSETS
-        or local_only(name_or_path)
-        or Path(name_or_path).is_dir()
-    ):
+    if revision is not None and _on_this_machine(name_or_path):
         raise InputError(
             f"target.revision={revision}: {name_or_path!r} is loaded from this machine, not from "
             "the hub, and has no revisions (drop target.revision)"
@@ -96,6 +91,38 @@ def resolve_target_path(name_or_path: str, revision: str | None = None) -> str:
             raise AssetError(f"could not load target {name_or_path!r}: no such folder")
         return str(path)
     return name_or_path
+
+
+def _on_this_machine(name_or_path: str) -> bool:
+    """A target that is no hub id: the tiny one, an asset, a path."""
+    return (
+        name_or_path == TINY_NAME
+        or name_or_path in ASSETS
+        or local_only(name_or_path)
+        or Path(name_or_path).is_dir()
+    )
+
+
+def target_commit(target: TargetConfig) -> str | None:
+    """The commit a hub target's `target.revision` (None: its default branch) is at now, read
+    from the hub or, offline, from its cache (where its config.json resolves), so a stage loads
+    one commit and records it, and a branch moved on since is another target. `target.revision`
+    as given for a target on this machine, or when no commit can be read."""
+    from transformers.utils.hub import cached_file, extract_commit_hash
+
+    if _on_this_machine(target.path):  # (a revision given it is refused where it loads)
+        return target.revision
+    try:
+        resolved = cached_file(
+            target.path,
+            "config.json",
+            revision=target.revision,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+        )
+    except OSError:  # no such repo, a gated one: loading it says so
+        return target.revision
+    return extract_commit_hash(resolved, None) or target.revision
 
 
 def target_name(name_or_path: str) -> str:

@@ -11,7 +11,7 @@ from pipeline import tiny_run
 
 from draftsmith.config import compose
 from draftsmith.features import extract_features
-from draftsmith.train import collect
+from draftsmith.train import collect, prepare
 
 
 def test_features_do_not_depend_on_batch_mates(tiny_target) -> None:
@@ -151,9 +151,9 @@ def test_workers_collect_the_same_shards(tmp_path: Path) -> None:
 def test_a_hub_target_is_collected_at_its_revision(tmp_path: Path, monkeypatch) -> None:
     """target.revision reaches what transformers reads of a hub target: collected at a tag, the
     features are that commit's, byte for byte as from its folder, not the default branch's; the
-    index records the tag, so another is other settings. A target on this machine has no
-    revisions: refused naming the key. The hub is a cache laid out as huggingface_hub keeps
-    one, read offline (the machine has no hub)."""
+    index records the commit, so another tag, or the default branch moved on since, is another
+    target. A target on this machine has no revisions: refused naming the key. The hub is a
+    cache laid out as huggingface_hub keeps one, read offline (the machine has no hub)."""
     from huggingface_hub import constants
 
     from draftsmith.target import load_tokenizer
@@ -168,19 +168,24 @@ def test_a_hub_target_is_collected_at_its_revision(tmp_path: Path, monkeypatch) 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
 
-    def shards(name: str, *target: str) -> tuple[list[str], list[str]]:
+    def shards(name: str, *target: str) -> tuple[list[str], list[str], str | None]:
         (tmp_path / name).mkdir()
         overrides = tiny_run(tmp_path / name, rows=12, extra=list(target))
         index = json.loads((tmp_path / name / "runs/t/collect/index.json").read_text())
-        assert index["target_revision"] == next(
-            (t.split("=")[1] for t in target if t.startswith("target.revision=")), None
-        )
-        return overrides, [s["sha256"] for s in index["splits"]["train"]["shards"]]
+        shas = [s["sha256"] for s in index["splits"]["train"]["shards"]]
+        return overrides, shas, index["target_revision"]
 
-    pinned, at_v1 = shards("v1", "target.path=acme/tiny", "target.revision=v1")
-    assert at_v1 == shards("b", f"target.path={repo / 'snapshots' / ('b' * 40)}")[1]
-    assert at_v1 != shards("main", "target.path=acme/tiny")[1]
-    with pytest.raises(ValueError, match=r"other settings \(\{'target_revision': 'v1'\}\)"):
+    pinned, at_v1, commit = shards("v1", "target.path=acme/tiny", "target.revision=v1")
+    assert commit == "b" * 40  # the tag's commit, which the stages loaded
+    assert shards("b", f"target.path={repo / 'snapshots' / commit}")[1:] == (at_v1, None)
+    main, at_main, commit = shards("main", "target.path=acme/tiny")
+    assert at_v1 != at_main and commit == "a" * 40
+    # another tag, or the default branch moved on: another target (collect's index, prepare's
+    # settings)
+    with pytest.raises(ValueError, match=rf"other settings \(\{{'target_revision': '{'b' * 40}'"):
         collect.run(compose([*pinned, "target.revision=main"]))
+    (repo / "refs" / "main").write_text("b" * 40)
+    with pytest.raises(ValueError, match=f"prepare was made with other settings .*{'b' * 40}"):
+        prepare.run(compose(main))
     with pytest.raises(ValueError, match="target.revision=v1: 'tiny-random-llama' is loaded from"):
         load_tokenizer(TINY_NAME, revision="v1")

@@ -30,7 +30,7 @@ from draftsmith.features import LAYER_CONVENTION, extract_features
 from draftsmith.files import write_text_atomic
 from draftsmith.heads import TargetInfo, TargetParts
 from draftsmith.heads.eagle3 import default_aux_layers
-from draftsmith.provenance import made, new_id
+from draftsmith.provenance import made, new_id, pin_target
 from draftsmith.target import load_target, target_name, torch_dtype
 from draftsmith.train.regen_server import served_target
 
@@ -211,6 +211,7 @@ def run(cfg: Config) -> dict:
     if cfg.verify:
         verify_shards(out)
         return json.loads((out / INDEX).read_text())
+    pin_target(cfg)
     prepared = Path(cfg.input_dir("prepare")) / "dataset"
     if not prepared.exists():
         raise MissingInput(f"{prepared}: run `draftsmith prepare run_name={cfg.run_name}` first")
@@ -249,10 +250,10 @@ def run(cfg: Config) -> dict:
         shutil.rmtree(out)
         old = None
     if old is not None:
-        if {k: old.get(k) for k in header} != header:
+        # a key the index lacks (written before it was recorded) is not compared
+        if changed := {k: old[k] for k in header if k in old and old[k] != header[k]}:
             raise InputError(
-                f"{out / INDEX} was collected with other settings "
-                f"({ {k: old.get(k) for k in header if old.get(k) != header[k]} }); "
+                f"{out / INDEX} was collected with other settings ({changed}); "
                 "use another run_name or delete it"
             )
         index = old | {"inputs": inputs}

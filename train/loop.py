@@ -40,6 +40,7 @@ from draftsmith.provenance import (
     check_unchanged,
     made,
     new_id,
+    pin_target,
     record,
     stage_settings,
     stale,
@@ -167,6 +168,7 @@ def setup(cfg: Config, rank: int):
 
 
 def run(cfg: Config) -> dict:
+    pin_target(cfg)
     settings = stage_settings(cfg, "train")  # as asked: building the head fills in its defaults
     inputs = made(cfg, upstream(cfg, "train"))  # the features' (or online, the data's) id
     if cfg.resume:  # its checkpoints go on only with the settings and inputs they were made with

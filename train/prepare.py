@@ -22,7 +22,7 @@ from draftsmith.conversations import Conversation, read_conversations, skipped_t
 from draftsmith.errors import InputError
 from draftsmith.files import write_text_atomic
 from draftsmith.packed import pack_linears
-from draftsmith.provenance import check_unchanged, new_id, record, stage_settings
+from draftsmith.provenance import check_unchanged, new_id, pin_target, record, stage_settings
 from draftsmith.target import chat_template_digest, load_target, target_tokenizer
 from draftsmith.tokenize import ConversationTokenizer, TemplateError
 from draftsmith.train.regen_server import served_target
@@ -86,6 +86,7 @@ def _answering_target(cfg: Config):
 def run(cfg: Config) -> dict:
     import datasets
 
+    pin_target(cfg)
     out = Path(cfg.stage_dir("prepare"))
     if (out / "stats.json").exists():
         check_unchanged(cfg, "prepare")
