@@ -43,8 +43,9 @@ def _fraction(key: str, value: float, below_one: bool = False) -> None:
 class TargetConfig:
     # local folder, hub id, embedded asset name, or "tiny-random-llama"
     path: str = MISSING
-    # a hub target's branch, tag or commit (null: its default branch); prepare, collect and train
-    # load the commit it is at and record it, so a target updated on the hub since is another
+    # a hub target's branch, tag or commit (null: its default branch); prepare, collect, train
+    # and eval load the commit it is at and record it, so a target updated on the hub since is
+    # another
     revision: str | None = None
     # run model code shipped with the checkpoint; off unless the user turns it on
     trust_remote_code: bool = False

@@ -39,7 +39,7 @@ from draftsmith.inference.report import write_report, write_sweep_summary
 from draftsmith.inference.results import changed_settings, results_dir
 from draftsmith.inference.tree import TreeSpec
 from draftsmith.inference.verify import Sampling, generate_kwargs
-from draftsmith.provenance import head_made
+from draftsmith.provenance import head_made, pin_target
 from draftsmith.target import (
     chat_template_digest,
     compile_target,
@@ -171,6 +171,7 @@ def evaluate(cfg: Config) -> dict[str, dict]:
     # before the target loads: a tree that cannot verify drawn children exactly at this
     # temperature (the decoder refuses it too)
     cfg.tree.refuse_drawn(cfg.eval.temperature)
+    pin_target(cfg)  # a hub target: every process decodes the commit the results name
     n = _processes(cfg)
     if n < cfg.eval.workers:
         print(
@@ -358,6 +359,7 @@ def _results(cfg: Config, p: _Pass) -> dict[str, dict]:
         results[c.run] = {
             "machine": machine,
             "target": p.info.name,
+            "target_revision": cfg.target.revision,  # a hub target's commit (`target_commit`)
             "chat_template": chat_template_digest(cfg.target.chat_template),
             "chat_template_kwargs": cfg.target.chat_template_kwargs,
             # the head's own draft vocabulary (None: the target's); `draft_vocab_size` below is

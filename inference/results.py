@@ -16,7 +16,7 @@ from draftsmith.conversations import source_digest
 from draftsmith.inference.prompts import benchmark_source
 from draftsmith.inference.tree import TreeSpec, branch_label
 from draftsmith.provenance import differences
-from draftsmith.target import chat_template_digest
+from draftsmith.target import chat_template_digest, target_commit
 
 
 def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None = None) -> str:
@@ -85,11 +85,14 @@ def changed_settings(recorded: dict, cfg: Config, tree: TreeSpec, head_path: str
     now["head.path"] = os.path.normpath(head_path)
     if (digest := _benchmark_digest(cfg)) is not None:  # a benchmark file edited in place
         now["benchmark.sha256"] = digest
+    now["target.revision"] = target_commit(cfg.target)  # a hub target updated since
     before = {f"eval.{k}": v for k, v in recorded["eval"].items()}
     before |= {f"tree.{k}": v for k, v in recorded["tree"].items()}
     before["head.path"] = os.path.normpath(recorded["head"]["path"])
     if recorded.get("benchmark_sha256") is not None:  # results before session 75 hold none
         before["benchmark.sha256"] = recorded["benchmark_sha256"]
+    if "target_revision" in recorded:  # recorded since session 97
+        before["target.revision"] = recorded["target_revision"]
     return differences(before, now)
 
 

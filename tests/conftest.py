@@ -102,3 +102,21 @@ def fake_hub(monkeypatch) -> FakeHub:
     monkeypatch.setattr(HfApi, "dataset_info", hub.dataset_info)
     monkeypatch.setattr(datasets, "load_dataset", hub.load_dataset)
     return hub
+
+
+@pytest.fixture
+def hub_target(tmp_path: Path, monkeypatch) -> Path:
+    """A hub target `acme/tiny` in a huggingface_hub cache laid out on disk and read offline (the
+    machine has no hub): two commits of the tiny target ("a" * 40, seed 0, on `main`; "b" * 40,
+    seed 1, tagged `v1`). Returns the repo's cache folder (its `refs/` move a branch)."""
+    from huggingface_hub import constants
+
+    repo = tmp_path / "hub" / "models--acme--tiny"
+    for seed, commit in [(0, "a" * 40), (1, "b" * 40)]:
+        build_tiny_target(repo / "snapshots" / commit, seed=seed)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    (repo / "refs" / "v1").write_text("b" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return repo

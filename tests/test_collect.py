@@ -148,25 +148,15 @@ def test_workers_collect_the_same_shards(tmp_path: Path) -> None:
     assert collect.verify_shards(two) == sum(len(s["shards"]) for s in index_one["splits"].values())
 
 
-def test_a_hub_target_is_collected_at_its_revision(tmp_path: Path, monkeypatch) -> None:
+def test_a_hub_target_is_collected_at_its_revision(tmp_path: Path, hub_target: Path) -> None:
     """target.revision reaches what transformers reads of a hub target: collected at a tag, the
     features are that commit's, byte for byte as from its folder, not the default branch's; the
     index records the commit, so another tag, or the default branch moved on since, is another
-    target. A target on this machine has no revisions: refused naming the key. The hub is a
-    cache laid out as huggingface_hub keeps one, read offline (the machine has no hub)."""
-    from huggingface_hub import constants
-
+    target. A target on this machine has no revisions: refused naming the key."""
     from draftsmith.target import load_tokenizer
-    from draftsmith.tiny import TINY_NAME, build_tiny_target
+    from draftsmith.tiny import TINY_NAME
 
-    repo = tmp_path / "hub" / "models--acme--tiny"
-    for seed, commit in [(0, "a" * 40), (1, "b" * 40)]:
-        build_tiny_target(repo / "snapshots" / commit, seed=seed)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("a" * 40)
-    (repo / "refs" / "v1").write_text("b" * 40)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    repo = hub_target
 
     def shards(name: str, *target: str) -> tuple[list[str], list[str], str | None]:
         (tmp_path / name).mkdir()

@@ -329,6 +329,47 @@ def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path, fa
         statuses(f"eval.benchmark={bench}", "eval.revision=v1")
 
 
+def test_a_hub_target_run_records_the_commit_it_read(tmp_path: Path, hub_target: Path) -> None:
+    """`draftsmith run` on a hub target: every stage loads the commit its default branch is at
+    and records it (prepare's and train's settings, collect's index, the eval's results); the
+    branch moved on since, the earlier outputs are another target's: prepare refuses its own, and
+    the eval's results no longer count as measured."""
+    from draftsmith.inference.results import changed_settings
+
+    data = tmp_path / "data.jsonl"
+    rows = [{"prompt": f"Say {i} twice.", "response": f"{i} {i}."} for i in range(30)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Say 1 twice."}) + "\n")
+    overrides = [f"runs_dir={tmp_path}/runs", "experiment=tiny", "target.path=acme/tiny"]
+    overrides += [f"data.path={data}", f"eval.benchmark={prompts}", "eval.baselines=[]"]
+    overrides += ["train.max_steps=2", "eval.limit=1", "eval.max_new_tokens=4"]
+    overrides += ["stages=[prepare,collect,train,eval]", "tracking=none"]
+    statuses = [r["status"] for r in run(compose(overrides))["stages"]]
+    assert statuses == ["done"] * 4 + ["not selected"]  # (no export)
+    out = tmp_path / "runs" / "tiny"
+    (results,) = (out / "eval").glob("*/results.json")
+    recorded = {
+        "prepare": json.loads((out / "prepare" / "settings.json").read_text())["target.revision"],
+        "collect": json.loads((out / "collect" / "index.json").read_text())["target_revision"],
+        "train": json.loads((out / "train" / "settings.json").read_text())["target.revision"],
+        "eval": json.loads(results.read_text())["target_revision"],
+    }
+    assert recorded == dict.fromkeys(recorded, "a" * 40)
+    cfg = compose(overrides)
+
+    def changes() -> list[str]:
+        return changed_settings(
+            json.loads(results.read_text()), cfg, cfg.tree, cfg.resolved_head_path()
+        )
+
+    assert not changes()
+    (hub_target / "refs" / "main").write_text("b" * 40)
+    assert changes() == [f"target.revision: {'a' * 40} -> {'b' * 40}"]
+    with pytest.raises(ValueError, match=r"prepare was made with other settings \(target.revision"):
+        run(compose(overrides))
+
+
 def test_summary_prints_only_what_was_measured() -> None:
     """An eval without baselines (the quick preset) reports tau, no speedup or mismatch count."""
     e = {
