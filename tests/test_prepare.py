@@ -759,17 +759,19 @@ def test_a_hub_dataset_is_read_and_recorded_at_its_commit(tmp_path: Path, fake_h
     assert stats["source"]["commit"] == first and stats["rows"]["train"] == 3
     settings = json.loads(Path(cfg.stage_dir("prepare"), "settings.json").read_text())
     assert settings["data.sha256"] == first
-    moved = fake_hub.push("acme/chats", rows("Okay"))
+    moved = fake_hub.push("acme/chats", rows("Okay then"))  # longer: other token counts
     with pytest.raises(ValueError, match=f"data.sha256: {first} -> {moved}"):
         prepare.run(cfg)
     fake_hub.online = False  # nothing to compare: the prepared data stands
     assert prepare.run(cfg)["source"]["commit"] == first
     fake_hub.online = True
-    # pinned by its tag while main is elsewhere: the tag's rows
+    # pinned by its tag while main is elsewhere: the tag's rows (main's have more tokens)
     pinned = prepare.run(
         compose([*common, "run_name=pinned", "data.path=acme/chats", "data.revision=v1"])
     )
     assert pinned["source"]["commit"] == first and pinned["tokens"] == stats["tokens"]
+    main = prepare.run(compose([*common, "run_name=main", "data.path=acme/chats"]))
+    assert main["source"]["commit"] == moved and main["tokens"] != stats["tokens"]
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows("Sure")))
     local = compose([*common, "run_name=local", f"data.path={data}", "data.revision=v1"])
