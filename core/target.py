@@ -104,23 +104,31 @@ def _on_this_machine(name_or_path: str) -> bool:
 
 
 def target_commit(target: TargetConfig) -> str | None:
-    """The commit a hub target's `target.revision` (None: its default branch) is at now, read
-    from the hub or, offline, from its cache (where its config.json resolves), so a stage loads
-    one commit and records it, and a branch moved on since is another target. `target.revision`
-    as given for a target on this machine, or when no commit can be read."""
+    """The commit a hub target's `target.revision` (None: its default branch) is at now: the
+    hub's answer, or offline (or the hub unreachable) its cache's, where transformers would load
+    it from; so a stage loads one commit and records it, and a branch moved on since is another
+    target. `target.revision` as given for a target on this machine, or when no commit can be
+    read (loading then says why)."""
+    from huggingface_hub import HfApi, constants
     from transformers.utils.hub import cached_file, extract_commit_hash
 
     if _on_this_machine(target.path):  # (a revision given it is refused where it loads)
         return target.revision
+    if not constants.HF_HUB_OFFLINE:
+        try:  # one API call: a file download would retry an unreachable hub for ~25 s
+            return HfApi().model_info(target.path, revision=target.revision).sha
+        except Exception:  # noqa: BLE001 (unreachable, unknown, gated: the cache may know)
+            pass
     try:
         resolved = cached_file(
             target.path,
             "config.json",
             revision=target.revision,
+            local_files_only=True,
             _raise_exceptions_for_missing_entries=False,
             _raise_exceptions_for_connection_errors=False,
         )
-    except OSError:  # no such repo, a gated one: loading it says so
+    except OSError:
         return target.revision
     return extract_commit_hash(resolved, None) or target.revision
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -179,3 +180,32 @@ def test_a_hub_target_is_collected_at_its_revision(tmp_path: Path, hub_target: P
         prepare.run(compose(main))
     with pytest.raises(ValueError, match="target.revision=v1: 'tiny-random-llama' is loaded from"):
         load_tokenizer(TINY_NAME, revision="v1")
+
+
+def test_a_hub_targets_commit_is_the_hubs_answer_else_its_caches(hub_target, monkeypatch) -> None:
+    """Online, a hub target's commit is what the hub answers for its revision (one API call);
+    the hub unreachable, the commit its cache holds for that revision, as transformers would load
+    it from there."""
+    from huggingface_hub import HfApi, constants
+
+    from draftsmith.conf.schema import TargetConfig
+    from draftsmith.target import target_commit
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    asked = []
+
+    def answer(_api, repo_id: str, revision: str | None = None, **_) -> SimpleNamespace:
+        asked.append((repo_id, revision))
+        return SimpleNamespace(sha="c" * 40)
+
+    monkeypatch.setattr(HfApi, "model_info", answer)
+    assert target_commit(TargetConfig(path="acme/tiny", revision="v1")) == "c" * 40
+    assert asked == [("acme/tiny", "v1")]
+
+    def unreachable(*_, **__):
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(HfApi, "model_info", unreachable)
+    assert target_commit(TargetConfig(path="acme/tiny", revision="v1")) == "b" * 40
+    assert target_commit(TargetConfig(path="acme/tiny")) == "a" * 40
+    assert target_commit(TargetConfig(path="acme/other", revision="v1")) == "v1"  # not cached
