@@ -23,7 +23,7 @@ from draftsmith.conf.schema import Config
 from draftsmith.errors import InputError
 from draftsmith.files import write_text_atomic
 from draftsmith.heads.formats import SUPPORTED
-from draftsmith.provenance import check_unchanged, export_dir, upstream
+from draftsmith.provenance import check_unchanged, export_dir, pin_target, upstream
 from draftsmith.provenance import stale as is_stale
 from draftsmith.tracking import check_wandb
 
@@ -89,6 +89,7 @@ def run(cfg: Config) -> dict:
     }
     if cfg.train.source == "online":
         stages.pop("collect")
+    pin_target(cfg)  # one hub commit for every check and stage of this invocation
     stale = _stale(cfg, stages)
     # before anything runs: a finished output (or a training to resume) made with other settings
     # is not this run's (the prepared data and features `inputs_from` names are read as that run

@@ -114,6 +114,8 @@ def target_commit(target: TargetConfig) -> str | None:
 
     if _on_this_machine(target.path):  # (a revision given it is refused where it loads)
         return target.revision
+    if _is_commit(target.revision):  # a stage's pinned target: no question for the hub
+        return target.revision
     if not constants.HF_HUB_OFFLINE:
         try:  # one API call: a file download would retry an unreachable hub for ~25 s
             return HfApi().model_info(target.path, revision=target.revision).sha
@@ -131,6 +133,15 @@ def target_commit(target: TargetConfig) -> str | None:
     except OSError:
         return target.revision
     return extract_commit_hash(resolved, None) or target.revision
+
+
+def _is_commit(revision: str | None) -> bool:
+    """A full commit hash, which every hub and cache resolves to itself."""
+    return (
+        revision is not None
+        and len(revision) == 40
+        and all(c in "0123456789abcdef" for c in revision)
+    )
 
 
 def target_name(name_or_path: str) -> str:

@@ -47,9 +47,9 @@ def user_turns(
 ) -> tuple[list[list[str]], list[str], list[Setting], ReadReport]:
     """User turns of the first `limit` conversations of `source` (file, folder, HF dataset or
     asset name; a hub one at `revision`), each conversation's category ("" where the source
-    names none) and setting,
-    and the read's report: a row that is not a conversation with a user turn is skipped and
-    counted there (printed by the callers, recorded in the results), never dropped unseen.
+    names none) and setting, and the read's report: a row that is not a conversation with a user
+    turn is skipped and counted there (printed by the callers, recorded in the results), never
+    dropped unseen.
     With `rendered` (data.preformatted: the renderer prepare reads rendered rows with), a `text`
     row is a rendered conversation whose one turn is its text up to where its first reply starts
     (`ConversationTokenizer.rendered_spans`, as prepare finds it): the prompt of that reply."""
