@@ -19,12 +19,22 @@ from draftsmith.provenance import differences
 from draftsmith.target import chat_template_digest, target_commit
 
 
+def _where(path: str) -> str:
+    """A short digest of a file, folder or hub id as given (normalised: `a/b/` is `a/b`)."""
+    return hashlib.sha256(os.path.normpath(path).encode()).hexdigest()[:8]
+
+
 def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None = None) -> str:
     """Results folder name: benchmark, tree and draft-vocabulary settings (`tree`, `draft_vocab`:
     a head's own, else cfg's)."""
     t = tree or cfg.tree
-    # a benchmark given as a file is named by its stem: the tag is one folder under the run's eval/
-    bench = Path(cfg.eval.benchmark).name.removesuffix(".jsonl").removesuffix(".json")
+    # a benchmark given as a file or hub id is named by its stem (the tag is one folder under the
+    # run's eval/) and a digest of where it is, so two of one name (files in two folders, a file
+    # and a hub dataset) never share a folder, where the later eval would replace the earlier's
+    spec = cfg.eval.benchmark
+    bench = Path(spec).name.removesuffix(".jsonl").removesuffix(".json")
+    if bench != spec:  # mt-bench, humaneval, heldout: named by themselves
+        bench += f"-{_where(spec)}"
     tag = cfg.eval.tag or f"{bench}-{t.kind}-d{t.depth}-k{t.top_k}-n{t.total_tokens}"
     if t.kind == "static" and t.choices and not cfg.eval.tag:  # its shape is the choices'
         digest = hashlib.sha256(json.dumps(t.choices).encode()).hexdigest()[:8]
@@ -56,8 +66,7 @@ def eval_tag(cfg: Config, tree: TreeSpec | None = None, draft_vocab: int | None 
         if e.temperature > 0 and (e.top_p, e.top_k) != (protocol.top_p, protocol.top_k):
             tag += f"-p{e.top_p:g}-k{e.top_k}"
         if cfg.imports_head():  # another head's results never replace the run's own head's
-            head = os.path.normpath(cfg.head_path)
-            tag += f"-head{hashlib.sha256(head.encode()).hexdigest()[:8]}"
+            tag += f"-head{_where(cfg.head_path)}"
     vocab = cfg.eval.draft_vocab_size if draft_vocab is None else draft_vocab
     tag = f"{tag}-T{cfg.eval.temperature:g}-{cfg.dtype}" + (f"-v{vocab}" if vocab else "")
     return tag + ("-compiled" if cfg.eval.compile else "")

@@ -321,9 +321,15 @@ def test_eval_folder_names_the_settings_and_stays_under_the_run() -> None:
 
     cfg = compose(["eval.benchmark=/data/tune_prompts.jsonl"])
     tag = eval_tag(cfg)
-    assert tag.startswith("tune_prompts-dynamic-")
+    assert re.match(r"tune_prompts-[0-9a-f]{8}-dynamic-", tag)
     assert Path(cfg.stage_dir("eval"), tag).parent == Path(cfg.stage_dir("eval"))
     assert eval_tag(compose()).startswith("mt-bench-dynamic-")
+    assert eval_tag(compose(["eval.benchmark=heldout"])).startswith("heldout-dynamic-")
+    # benchmarks of one name elsewhere (another folder, a hub dataset) are other folders
+    others = ["/other/tune_prompts.jsonl", "acme/tune_prompts", "tune_prompts.json"]
+    tags = {eval_tag(compose([f"eval.benchmark={b}"])) for b in others}
+    assert len(tags) == 3 and tag not in tags
+    assert eval_tag(compose(["eval.benchmark=/data//tune_prompts.jsonl"])) == tag
     # settings that change a sampled eval's results are in its name, not at T=0
     sampled = ["tree=static", "tree.verify=traversal"]
     assert eval_tag(compose([*sampled, "eval.temperature=1"])).endswith(

@@ -356,7 +356,9 @@ def test_chat_template_kwargs_reach_every_rendering(tmp_path: Path, head_dir: Pa
     overrides = _tiny_eval(tmp_path, head_dir, bench, "eval.max_new_tokens=4", kwargs)
     r = evaluate.run(compose([*overrides, "eval.baselines=[]", "eval.turns=all"]))
     assert r["chat_template_kwargs"] == {"enable_thinking": False}
-    tag = "question-dynamic-d3-k4-n16-lookup3-allturns-enable_thinking=False-new4-head*-T0-float32"
+    tag = (
+        "question-*-dynamic-d3-k4-n16-lookup3-allturns-enable_thinking=False-new4-head*-T0-float32"
+    )
     assert list(Path(tmp_path, "runs/default/eval").glob(f"{tag}/results.json"))
     generate.run(
         compose([*overrides, "generate.prompt=hi", "generate.max_new_tokens=4"]), out=io.StringIO()
@@ -463,7 +465,7 @@ def test_a_chat_template_of_ones_own_reaches_every_rendering(
     r = evaluate.run(compose([*overrides, "eval.baselines=[]"]))
     digest = chat_template_digest(str(template))
     assert r["chat_template"] == digest == chat_template_digest(TOOL_CHATML)
-    tag = f"question-dynamic-d3-k4-n16-lookup3-template{digest}-new4-head*-T0-float32"
+    tag = f"question-*-dynamic-d3-k4-n16-lookup3-template{digest}-new4-head*-T0-float32"
     assert list(Path(tmp_path, "runs/default/eval").glob(f"{tag}/results.json"))
     generate.run(
         compose([*overrides, "generate.prompt=hi", "generate.max_new_tokens=4"]), out=io.StringIO()

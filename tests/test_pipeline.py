@@ -313,18 +313,21 @@ def test_outputs_made_from_an_input_made_again_are_made_again(tmp_path: Path, fa
     assert statuses(f"eval.benchmark={bench}")[3] == "already complete"
     bench.write_text(json.dumps({"prompt": "Say 4 twice."}) + "\n")
     assert statuses(f"eval.benchmark={bench}")[3] == "done"
+    (file_results,) = (out / "eval").glob("bench-*/results.json")
     # a hub benchmark: measured again once its branch moved to another commit
     first = fake_hub.push("acme/bench", [{"prompt": "Say 5 twice."}])
     assert statuses("eval.benchmark=acme/bench")[3] == "done"
     assert statuses("eval.benchmark=acme/bench")[3] == "already complete"
     moved = fake_hub.push("acme/bench", [{"prompt": "Say 6 twice."}])
     assert statuses("eval.benchmark=acme/bench")[3] == "done"
-    (results,) = (out / "eval").glob("bench-*/results.json")  # named by the id's last part
+    # named by the id's last part and where it is: not the file's folder of the same name
+    (results,) = set((out / "eval").glob("bench-*/results.json")) - {file_results}
     assert json.loads(results.read_text())["benchmark_sha256"] == moved
     # pinned to the first commit by a tag (another eval setting): measured again, on that commit
     fake_hub.refs["acme/bench", "v1"] = first
     assert statuses("eval.benchmark=acme/bench", "eval.revision=v1")[3] == "done"
     assert json.loads(results.read_text())["benchmark_sha256"] == first
+    assert statuses(f"eval.benchmark={bench}")[3] == "already complete"  # the file's stand
     with pytest.raises(ValueError, match=r"revision v1: .*bench.jsonl is read from this machine"):
         statuses(f"eval.benchmark={bench}", "eval.revision=v1")
 
