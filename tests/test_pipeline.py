@@ -371,6 +371,11 @@ def test_a_hub_target_run_records_the_commit_it_read(tmp_path: Path, hub_target:
     assert changes() == [f"target.revision: {'a' * 40} -> {'b' * 40}"]
     with pytest.raises(ValueError, match=r"prepare was made with other settings \(target.revision"):
         run(compose(overrides))
+    # the commit the refusal names goes on with the target the run began with
+    statuses = [
+        r["status"] for r in run(compose([*overrides, f"target.revision={'a' * 40}"]))["stages"]
+    ]
+    assert statuses == ["already complete"] * 4 + ["not selected"]
 
 
 def test_summary_prints_only_what_was_measured() -> None:
